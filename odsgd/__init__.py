@@ -1,0 +1,31 @@
+"""odsgd: One-step Delay SGD (OD-SGD) for Apache MXNet 1.9, as a KVStore plugin.
+
+    import odsgd            # registers kvstore type 'dist_odsgd'
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', {...}, kvstore='dist_odsgd')
+
+See SPEC.md for the update rules and docs/ for the environment variables.
+"""
+import importlib
+import os
+
+__version__ = "0.1.0"
+
+_PUBLIC = {"DistODSGD": "kvstore", "StoreType": "kvstore", "load_global_weights": "kvstore",
+           "ODSGDConfig": "config", "LocalUpdater": "local_update",
+           "ServerOptimizer": "server_updater"}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name):
+    if name in _PUBLIC:
+        return getattr(importlib.import_module("." + _PUBLIC[name], __name__), name)
+    raise AttributeError("module 'odsgd' has no attribute %r" % name)
+
+
+# On a server or scheduler, MXNet starts its server loop inside `import mxnet` and never
+# returns; while it runs it unpickles our ServerOptimizer, importing odsgd.server_updater.
+# Importing nothing here keeps that module from being caught half-imported there.
+if os.environ.get("DMLC_ROLE") not in ("server", "scheduler"):
+    from . import native
+    native.load()
+    from .kvstore import DistODSGD, StoreType, load_global_weights  # noqa: F401,E402

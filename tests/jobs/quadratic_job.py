@@ -1,0 +1,142 @@
+"""Cluster job of the multi-process tests: trains the quadratic problem with gluon.Trainer or
+Module.fit on any kvstore and writes each step's local weights and the final global weights
+to OUT/rank<r>.npz. Started through odsgd.launch."""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import odsgd  # noqa: E402  (registers dist_odsgd; on servers it only loads the server side)
+import mxnet as mx  # noqa: E402
+import numpy as np  # noqa: E402
+
+import quadratic_problem as problem  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--api", choices=["gluon", "module"], default="gluon")
+    p.add_argument("--kvstore", default="dist_odsgd")
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.0)
+    p.add_argument("--wd", type=float, default=0.0)
+    p.add_argument("--devices", type=int, default=1)
+    p.add_argument("--lr-change-step", type=int, default=-1)
+    p.add_argument("--lr-change-to", type=float, default=0.0)
+    p.add_argument("--lr-factor-step", type=int, default=0,
+                   help="FactorScheduler(step, factor=0.5) on the global optimizer")
+    p.add_argument("--out", required=True)
+    # store settings (None: environment / defaults)
+    p.add_argument("--local-optimizer")
+    p.add_argument("--local-lr", type=float)
+    p.add_argument("--local-momentum", type=float)
+    p.add_argument("--local-wd", type=float)
+    p.add_argument("--clip", type=float)
+    p.add_argument("--compensation", type=float)
+    p.add_argument("--compensation-mode")
+    p.add_argument("--warmup-steps", type=int)
+    return p.parse_args(argv)
+
+
+def make_store(args):
+    if args.kvstore != "dist_odsgd":
+        return mx.kv.create(args.kvstore)
+    params = {}
+    for name, key in (("local_lr", "learning_rate"), ("local_momentum", "momentum"),
+                      ("local_wd", "wd"), ("clip", "clip_gradient")):
+        if getattr(args, name) is not None:
+            params[key] = getattr(args, name)
+    return odsgd.DistODSGD(local_optimizer=args.local_optimizer,
+                           local_optimizer_params=params or None,
+                           compensation=args.compensation,
+                           compensation_mode=args.compensation_mode,
+                           warmup_steps=args.warmup_steps)
+
+
+def optimizer_params(args):
+    params = {"learning_rate": args.lr, "momentum": args.momentum, "wd": args.wd}
+    if args.lr_factor_step:
+        params["lr_scheduler"] = mx.lr_scheduler.FactorScheduler(args.lr_factor_step, 0.5,
+                                                                 base_lr=args.lr)
+    return params
+
+
+def run_gluon(args, kv):
+    contexts = [mx.cpu(i) for i in range(args.devices)]
+    net = mx.gluon.nn.Dense(problem.OUT_UNITS, in_units=problem.IN_UNITS)
+    net.initialize(ctx=contexts)
+    weight, bias = problem.initial_weights()
+    net.weight.set_data(mx.nd.array(weight))
+    net.bias.set_data(mx.nd.array(bias))
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", optimizer_params(args), kvstore=kv)
+    local_w, local_b, lrs = [], [], []
+    for step in range(args.steps):
+        if step == args.lr_change_step:
+            trainer.set_learning_rate(args.lr_change_to)
+        X, Y = problem.batch(kv.rank, step)
+        xs = np.array_split(X, len(contexts))
+        ys = np.array_split(Y, len(contexts))
+        with mx.autograd.record():
+            losses = [0.5 * ((net(mx.nd.array(x, ctx=c)) - mx.nd.array(y, ctx=c)) ** 2).sum()
+                      for x, y, c in zip(xs, ys, contexts)]
+        mx.autograd.backward(losses)
+        trainer.step(problem.BATCH)
+        local_w.append(net.weight.data(contexts[-1]).asnumpy())
+        local_b.append(net.bias.data(contexts[-1]).asnumpy())
+        lrs.append(trainer.learning_rate)
+    # The newest global weights: W_T, after every worker's last push.
+    if args.kvstore == "dist_odsgd":
+        odsgd.load_global_weights(trainer)
+    else:
+        for i, param in enumerate(trainer._params):
+            kv.pull(i, out=param.list_data())
+    return (np.array(local_w), np.array(local_b), net.weight.data().asnumpy(),
+            net.bias.data().asnumpy(), np.array(lrs))
+
+
+def run_module(args, kv):
+    data = mx.sym.var("data")
+    label = mx.sym.var("label")
+    out = mx.sym.FullyConnected(data, num_hidden=problem.OUT_UNITS, name="fc")
+    loss = mx.sym.MakeLoss(0.5 * mx.sym.sum(mx.sym.square(out - label)))
+    X = np.concatenate([problem.batch(kv.rank, t)[0] for t in range(args.steps)])
+    Y = np.concatenate([problem.batch(kv.rank, t)[1] for t in range(args.steps)])
+    train = mx.io.NDArrayIter(X, Y, batch_size=problem.BATCH, shuffle=False,
+                              label_name="label")
+    mod = mx.mod.Module(loss, data_names=["data"], label_names=["label"],
+                        context=[mx.cpu(i) for i in range(args.devices)])
+    weight, bias = problem.initial_weights()
+    local_w, local_b = [], []
+
+    def record(_param):
+        arg_params, _ = mod.get_params()
+        local_w.append(arg_params["fc_weight"].asnumpy())
+        local_b.append(arg_params["fc_bias"].asnumpy())
+
+    mod.fit(train, num_epoch=1, kvstore=kv, optimizer="sgd", eval_metric=mx.metric.Loss(),
+            optimizer_params=optimizer_params(args),
+            arg_params={"fc_weight": mx.nd.array(weight), "fc_bias": mx.nd.array(bias)},
+            batch_end_callback=record)
+    if args.kvstore == "dist_odsgd":
+        odsgd.load_global_weights(mod)
+    else:
+        for name, arrays in zip(mod._exec_group.param_names, mod._exec_group.param_arrays):
+            kv.pull(name, out=arrays)
+    arg_params, _ = mod.get_params()
+    return (np.array(local_w), np.array(local_b), arg_params["fc_weight"].asnumpy(),
+            arg_params["fc_bias"].asnumpy(), np.zeros(0))
+
+
+def main():
+    args = parse_args()
+    kv = make_store(args)
+    run = run_gluon if args.api == "gluon" else run_module
+    local_w, local_b, global_w, global_b, lrs = run(args, kv)
+    np.savez(os.path.join(args.out, "rank%d.npz" % kv.rank), local_weight=local_w,
+             local_bias=local_b, global_weight=global_w, global_bias=global_b,
+             learning_rates=lrs, num_workers=kv.num_workers, type=str(kv.type))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""NumPy reference of the OD-SGD rules in SPEC.md section 2, written from the formulas alone.
+
+Every array is float32 and the arithmetic follows the formula's order, so the package's
+NDArray path and fused operator can be compared with it to float32 rounding.
+"""
+import numpy as np
+
+F32 = np.float32
+
+
+def rescale_and_clip(grad, rescale_grad, clip_gradient=None):
+    """g = r * grad, clipped to [-clip, clip] when clip_gradient is set (> 0)."""
+    g = (F32(rescale_grad) * grad).astype(F32)
+    if clip_gradient is not None and clip_gradient > 0:
+        g = np.clip(g, -F32(clip_gradient), F32(clip_gradient))
+    return g
+
+
+def compensation_scale(g, state_v, mode, beta, eps):
+    """c of SPEC section 2; updates v in place first for the adaptive mode."""
+    if mode == "constant":
+        return F32(1.0)
+    state_v *= F32(beta)
+    state_v += F32(1.0 - beta) * g * g
+    return (F32(1.0) / np.sqrt(state_v + F32(eps))).astype(F32)
+
+
+def local_sgd_step(w, W, grad, m, v, *, rescale_grad, lr, momentum, wd, lam,
+                   mode="constant", beta=0.95, eps=1e-7, clip_gradient=None):
+    """One OD-phase local SGD step: returns w_{t+1}; updates m and v in place."""
+    g = rescale_and_clip(grad, rescale_grad, clip_gradient)
+    c = compensation_scale(g, v, mode, beta, eps)
+    step = g + F32(wd) * W + F32(lam) * c * g * g * (W - w)
+    m *= F32(momentum)
+    m -= F32(lr) * step
+    return (W + m).astype(F32)
+
+
+def predict_step(w, W, W_prev, grad, v, *, rescale_grad, lr, momentum, wd, lam, num_workers,
+                 mode="constant", beta=0.95, eps=1e-7, clip_gradient=None):
+    """One OD-phase 'predict' step: W_t + mu (W_t - W_{t-1}) - lr (N gc + wd W_t)."""
+    g = rescale_and_clip(grad, rescale_grad, clip_gradient)
+    c = compensation_scale(g, v, mode, beta, eps)
+    gc = g + F32(lam) * c * g * g * (W - w)
+    return (W + F32(momentum) * (W - W_prev)
+            - F32(lr) * (F32(num_workers) * gc + F32(wd) * W)).astype(F32)
+
+
+def global_sgd_step(W, grad_sum, mom, *, rescale_grad, lr, momentum, wd, clip_gradient=None):
+    """MXNet's sgd(_mom)_update as the servers apply it to the sum of the workers' gradients."""
+    g = rescale_and_clip(grad_sum, rescale_grad, clip_gradient)
+    mom *= F32(momentum)
+    mom -= F32(lr) * (g + F32(wd) * W)
+    return (W + mom).astype(F32)

@@ -1,0 +1,144 @@
+"""Multi-process tests on loopback: real scheduler, servers and workers through odsgd.launch.
+
+Each OD-SGD run is compared with an independent NumPy simulation of SPEC.md section 2 on the
+quadratic problem of jobs/quadratic_problem.py, or with a dist_sync run of the same job."""
+import numpy as np
+import pytest
+
+import od_reference as ref
+from cluster import run_job
+from jobs import quadratic_problem as problem
+
+pytestmark = pytest.mark.timeout(300)
+
+RTOL, ATOL = 2e-5, 2e-6   # float32 rounding over a dozen steps of O(1) values
+
+
+def run(tmp_path, workers=2, servers=1, **options):
+    args = ["--out", tmp_path]
+    for name, value in options.items():
+        args += ["--" + name.replace("_", "-"), value]
+    run_job("quadratic_job.py", args, workers=workers, servers=servers)
+    return [dict(np.load(tmp_path / ("rank%d.npz" % r))) for r in range(workers)]
+
+
+def simulate(workers, steps, lr, momentum=0.0, wd=0.0, rescale=1.0 / problem.BATCH,
+             warmup_steps=0, local_optimizer="predict", local_lr=None, local_momentum=0.0,
+             local_wd=0.0, compensation=0.0, compensation_mode="constant", clip=None,
+             lr_at=None):
+    """NumPy simulation of OD-SGD on the quadratic problem. Returns per worker the local
+    (weight, bias) after each step, and the final global (weight, bias)."""
+    lr_at = lr_at or (lambda t: lr)
+    W = list(problem.initial_weights())
+    W_prev = [a.copy() for a in W]
+    mom_global = [np.zeros_like(a) for a in W]
+    local = [[a.copy() for a in W] for _ in range(workers)]
+    m = [[np.zeros_like(a) for a in W] for _ in range(workers)]
+    v = [[np.zeros_like(a) for a in W] for _ in range(workers)]
+    history = [[[], []] for _ in range(workers)]
+    for t in range(steps):
+        grads = [problem.gradients(local[i][0], local[i][1], *problem.batch(i, t))
+                 for i in range(workers)]
+        new_W = [ref.global_sgd_step(W[k], sum(g[k] for g in grads), mom_global[k],
+                                     rescale_grad=rescale, lr=lr_at(t), momentum=momentum,
+                                     wd=wd)
+                 for k in range(2)]
+        for i in range(workers):
+            for k in range(2):
+                if t < warmup_steps:
+                    local[i][k] = new_W[k].copy()
+                elif local_optimizer == "predict":
+                    local[i][k] = ref.predict_step(
+                        local[i][k], W[k], W_prev[k], grads[i][k], v[i][k],
+                        rescale_grad=rescale, lr=lr_at(t), momentum=momentum, wd=wd,
+                        lam=compensation, num_workers=workers, mode=compensation_mode,
+                        clip_gradient=clip)
+                else:
+                    local[i][k] = ref.local_sgd_step(
+                        local[i][k], W[k], grads[i][k], m[i][k], v[i][k],
+                        rescale_grad=rescale, lr=local_lr, momentum=local_momentum,
+                        wd=local_wd, lam=compensation, mode=compensation_mode,
+                        clip_gradient=clip)
+                history[i][k].append(local[i][k].copy())
+        W_prev, W = W, new_W
+    return history, W
+
+
+def assert_matches(results, history, W):
+    for rank, result in enumerate(results):
+        np.testing.assert_allclose(result["local_weight"], np.array(history[rank][0]),
+                                   rtol=RTOL, atol=ATOL, err_msg="worker %d weight" % rank)
+        np.testing.assert_allclose(result["local_bias"], np.array(history[rank][1]),
+                                   rtol=RTOL, atol=ATOL, err_msg="worker %d bias" % rank)
+        np.testing.assert_allclose(result["global_weight"], W[0], rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(result["global_bias"], W[1], rtol=RTOL, atol=ATOL)
+
+
+def test_warmup_equals_dist_sync(tmp_path):
+    """(a) With warmup_steps >= steps, dist_odsgd is dist_sync: same weights at every step."""
+    common = dict(steps=6, lr=0.05, momentum=0.9, wd=1e-3)
+    (tmp_path / "sync").mkdir()
+    (tmp_path / "od").mkdir()
+    sync = run(tmp_path / "sync", kvstore="dist_sync", **common)
+    od = run(tmp_path / "od", kvstore="dist_odsgd", warmup_steps=6, **common)
+    for a, b in zip(sync, od):
+        for name in ("local_weight", "local_bias", "global_weight", "global_bias"):
+            np.testing.assert_allclose(b[name], a[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    # and dist_sync itself agrees with the simulation's warm-up rule
+    history, W = simulate(2, 6, 0.05, momentum=0.9, wd=1e-3, warmup_steps=6)
+    assert_matches(sync, history, W)
+
+
+@pytest.mark.parametrize("mode", ["constant", "adaptive"])
+def test_local_sgd_matches_numpy(tmp_path, mode):
+    """(b) OD phase with local SGD (momentum, wd, compensation) after 3 warm-up steps."""
+    options = dict(steps=10, lr=0.05, momentum=0.9, wd=1e-3, warmup_steps=3,
+                   local_optimizer="sgd", local_lr=0.08, local_momentum=0.5, local_wd=1e-3,
+                   compensation=0.5, compensation_mode=mode)
+    results = run(tmp_path, **options)
+    history, W = simulate(2, **{k: v for k, v in options.items() if k != "steps"},
+                          steps=10)
+    assert_matches(results, history, W)
+
+
+def test_predict_matches_numpy_three_workers_two_servers(tmp_path):
+    """(b) 'predict' with compensation and clipping; 3 workers, 2 servers, 2 devices each."""
+    options = dict(steps=8, lr=0.05, momentum=0.9, wd=1e-3, warmup_steps=2,
+                   local_optimizer="predict", compensation=0.3, clip=0.5)
+    results = run(tmp_path, workers=3, servers=2, devices=2, **options)
+    history, W = simulate(3, **{k: v for k, v in options.items() if k != "steps"}, steps=8)
+    assert_matches(results, history, W)
+    assert str(results[0]["type"]) == "dist_odsgd"
+
+
+def test_module_fit_scales_like_dist_sync(tmp_path):
+    """(c) Module.fit: rescale_grad = 1 / (batch * workers) as for dist_sync, OD phase."""
+    options = dict(steps=8, lr=0.1, momentum=0.9, warmup_steps=2, local_optimizer="predict")
+    results = run(tmp_path, api="module", **options)
+    history, W = simulate(2, **{k: v for k, v in options.items() if k != "steps"}, steps=8,
+                          rescale=1.0 / (problem.BATCH * 2))
+    assert_matches(results, history, W)
+
+
+def test_set_learning_rate_reaches_servers(tmp_path):
+    """(d) trainer.set_learning_rate at step 4 changes the servers' rate from update 4 on."""
+    options = dict(steps=9, lr=0.05, momentum=0.9, warmup_steps=2, local_optimizer="predict")
+    results = run(tmp_path, lr_change_step=4, lr_change_to=0.01, **options)
+    history, W = simulate(2, **{k: v for k, v in options.items() if k != "steps"}, steps=9,
+                          lr_at=lambda t: 0.05 if t < 4 else 0.01)
+    assert_matches(results, history, W)
+
+
+def test_lr_schedule_counts_global_steps(tmp_path):
+    """A FactorScheduler halves the rate every 3 global steps on the servers, and
+    trainer.learning_rate on the workers follows it."""
+    options = dict(steps=9, lr=0.08, momentum=0.5, warmup_steps=2, local_optimizer="predict")
+    results = run(tmp_path, lr_factor_step=3, **options)
+
+    def lr_at(t):  # MXNet's FactorScheduler at update count t + 1
+        return 0.08 * 0.5 ** (t // 3)
+    history, W = simulate(2, **{k: v for k, v in options.items() if k != "steps"}, steps=9,
+                          lr_at=lr_at)
+    assert_matches(results, history, W)
+    np.testing.assert_allclose(results[0]["learning_rates"], [lr_at(t) for t in range(9)],
+                               rtol=1e-6)
