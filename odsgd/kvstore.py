@@ -64,6 +64,61 @@ def check_environment(environ=None):
             raise ValueError("%s=%r must be a positive integer" % (name, environ[name]))
 
 
+def _metrics_interval():
+    text = os.environ.get("ODSGD_METRICS_INTERVAL", "0").strip() or "0"
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError("ODSGD_METRICS_INTERVAL=%r must be an integer >= 0 (steps between "
+                         "overlap measurements; 0 turns them off)" % text)
+    return value
+
+
+class OverlapMeter(object):
+    """How well the pull of step t-1 hides behind step t's computation.
+
+    Every `interval` global steps (0: never) the store blocks, before each key's local update,
+    until W_t has arrived, and adds that wait to the step's total. A wait near 0 means the
+    communication was hidden entirely; the benchmark compares it with the measured
+    communication time. Sampling only every `interval` steps keeps the cost of blocking (it
+    delays queueing the next keys' pushes) off the other steps.
+
+    `summary()`: {'sampled_steps', 'mean_wait_s', 'max_wait_s', 'mean_step_s'}.
+    """
+
+    def __init__(self, interval):
+        self.interval = interval
+        self.waits = {}          # step -> seconds waited, summed over keys
+        self._last_step = None
+        self._step_times = []    # seconds between consecutive sampled-step starts
+
+    def measure_wait(self, key, step, global_weight):
+        if not self.interval or step % self.interval:
+            return
+        import time
+        tic = time.time()
+        global_weight.wait_to_read()
+        wait = time.time() - tic
+        if step not in self.waits:
+            if self._last_step is not None:
+                self._step_times.append((tic - self._last_step[1]) / (step - self._last_step[0]))
+            self._last_step = (step, tic)
+            if self.waits:
+                LOG.info("odsgd overlap: step %d waited %.2f ms for the previous pull",
+                         max(self.waits), 1e3 * self.waits[max(self.waits)])
+        self.waits[step] = self.waits.get(step, 0.0) + wait
+
+    def summary(self):
+        waits = list(self.waits.values())
+        return {"sampled_steps": len(waits),
+                "mean_wait_s": sum(waits) / len(waits) if waits else None,
+                "max_wait_s": max(waits) if waits else None,
+                "mean_step_s": (sum(self._step_times) / len(self._step_times)
+                                if self._step_times else None)}
+
+
 def _exit_on_uncaught_exception():
     """Makes an uncaught exception end this worker at once with exit code 1.
 
@@ -149,6 +204,7 @@ class DistODSGD(KVStoreBase):
         self._global_optimizer = None
         self._local = None
         self._server_lr = None
+        self.overlap = OverlapMeter(_metrics_interval())
 
     # -- KVStoreBase properties ------------------------------------------------------------
     @property
@@ -249,6 +305,7 @@ class DistODSGD(KVStoreBase):
         grad = self._send(key, grads, priority)
         if step >= self.config.warmup_steps:
             # W_t is buffers.current, pulled during step t-1 (or W_0).
+            self.overlap.measure_wait(key, step, buffers.current)
             self._local.update(key, step, weights[0], grad, buffers.current, buffers.previous)
             buffers.previous, buffers.current = buffers.current, buffers.previous
             self._store.pull(key, out=buffers.current, priority=priority)
