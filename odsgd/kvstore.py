@@ -94,10 +94,13 @@ class OverlapMeter(object):
         self._last_step = None
         self._step_times = []    # seconds between consecutive sampled-step starts
 
-    def measure_wait(self, key, step, global_weight):
+    def measure_wait(self, key, step, grad, global_weight):
         if not self.interval or step % self.interval:
             return
         import time
+        # Python runs ahead of MXNet's engine: first let the engine reach this step's
+        # gradient (untimed), then time only what is left of the wait for W_t.
+        grad.wait_to_read()
         tic = time.time()
         global_weight.wait_to_read()
         wait = time.time() - tic
@@ -305,7 +308,7 @@ class DistODSGD(KVStoreBase):
         grad = self._send(key, grads, priority)
         if step >= self.config.warmup_steps:
             # W_t is buffers.current, pulled during step t-1 (or W_0).
-            self.overlap.measure_wait(key, step, buffers.current)
+            self.overlap.measure_wait(key, step, grad, buffers.current)
             self._local.update(key, step, weights[0], grad, buffers.current, buffers.previous)
             buffers.previous, buffers.current = buffers.current, buffers.previous
             self._store.pull(key, out=buffers.current, priority=priority)

@@ -100,7 +100,9 @@ class LocalUpdater(object):
         cfg = self.config
         return dict(rescale_grad=self.global_optimizer.rescale_grad,
                     clip_gradient=cfg.clip_gradient if cfg.clip_gradient else -1.0,
-                    lam=cfg.compensation, adaptive=cfg.compensation_mode == "adaptive",
+                    # v only matters where the compensation term does (lam != 0)
+                    lam=cfg.compensation,
+                    adaptive=bool(cfg.compensation) and cfg.compensation_mode == "adaptive",
                     beta=cfg.adaptive_beta, eps=cfg.adaptive_eps)
 
     # -- the update ------------------------------------------------------------------------
@@ -119,7 +121,7 @@ class LocalUpdater(object):
             args = dict(self._common(), lr=global_learning_rate(opt, step),
                         momentum=getattr(opt, "momentum", 0.0) or 0.0, wd=opt.wd,
                         num_workers=self.num_workers)
-            if native.is_loaded():
+            if native.supports(weight.context):
                 native.predict_update_(weight, grad, global_weight, prev_global_weight, var,
                                        **args)
             else:
@@ -128,16 +130,22 @@ class LocalUpdater(object):
             return
         args = dict(self._common(), lr=self.local_learning_rate(step),
                     momentum=cfg.local_momentum, wd=cfg.local_wd or 0.0)
-        if native.is_loaded():
+        if native.supports(weight.context):
             native.local_update_(weight, grad, global_weight, mom, var, **args)
         else:
             ndarray_local_update_(weight, grad, global_weight, mom, var, **args)
 
     def _state(self, key, weight):
+        """(mom, var) of `key`: mom for 'sgd', var for adaptive compensation, else None."""
         state = self.states.get(key)
         if state is None:
-            state = (mx.nd.zeros(weight.shape, weight.context, dtype=weight.dtype),
-                     mx.nd.zeros(weight.shape, weight.context, dtype=weight.dtype))
+            cfg = self.config
+
+            def zeros(needed):
+                return (mx.nd.zeros(weight.shape, weight.context, dtype=weight.dtype)
+                        if needed else None)
+            state = (zeros(cfg.local_optimizer == "sgd"),
+                     zeros(cfg.compensation_mode == "adaptive" and cfg.compensation))
             self.states[key] = state
         return state
 
@@ -162,11 +170,14 @@ class LocalUpdater(object):
     # -- checkpoints -----------------------------------------------------------------------
     def get_states(self):
         """Local states as NumPy arrays (picklable)."""
-        states = {key: tuple(a.asnumpy() for a in pair) for key, pair in self.states.items()}
+        states = {key: tuple(None if a is None else a.asnumpy() for a in pair)
+                  for key, pair in self.states.items()}
         opt_states = self._updater.get_states(dump_optimizer=False) if self._updater else None
         return {"states": states, "optimizer_states": opt_states}
 
     def set_states(self, saved, context):
-        self.states = {key: tuple(mx.nd.array(a, ctx=context, dtype=a.dtype) for a in pair)
+        self.states = {key: tuple(None if a is None else mx.nd.array(a, ctx=context,
+                                                                      dtype=a.dtype)
+                                  for a in pair)
                        for key, pair in saved["states"].items()}
         self._saved_optimizer_states = saved.get("optimizer_states")

@@ -1,0 +1,5 @@
+import sys
+
+from odsgd.bench import main
+
+sys.exit(main())

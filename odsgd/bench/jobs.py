@@ -1,0 +1,105 @@
+"""Starting benchmark and study jobs: a local cluster through odsgd.launch, optionally inside
+a network namespace whose loopback is shaped to a given bandwidth.
+
+Used by `make demo`, `odsgd.bench throughput` and `odsgd.bench convergence`.
+"""
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class JobFailed(RuntimeError):
+    pass
+
+
+def launch_command(module_args, workers, servers, timeout):
+    """argv that runs `python -m <module_args>` as a job of `workers` workers and `servers`
+    servers on this machine."""
+    return [sys.executable, "-m", "odsgd.launch", "--job-timeout", str(int(timeout)),
+            "-n", str(workers), "-s", str(servers), "--launcher", "local",
+            sys.executable, "-m"] + [str(a) for a in module_args]
+
+
+def job_environment(env=None):
+    full = dict(os.environ)
+    full["PYTHONPATH"] = REPO + os.pathsep + full.get("PYTHONPATH", "")
+    full.setdefault("PYTHONUNBUFFERED", "1")
+    full.update(env or {})
+    return full
+
+
+def run_job(module_args, workers=2, servers=1, timeout=600, env=None, netns=None,
+            show=None):
+    """Runs the job and returns its output. `show(line)` decides which lines are echoed as
+    progress (default: none). Raises JobFailed with the end of the output on failure."""
+    command = launch_command(module_args, workers, servers, timeout)
+    if netns is not None:
+        command = ["ip", "netns", "exec", netns] + command
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               env=job_environment(env), cwd=REPO, text=True,
+                               start_new_session=True)
+    lines = []
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            if show is not None and show(line):
+                sys.stdout.write(line)
+                sys.stdout.flush()
+        process.wait(timeout=timeout + 30)
+    except BaseException:
+        # Ctrl-C or an error here: the launcher ends its own job on SIGTERM.
+        _end(process)
+        raise
+    if process.returncode != 0:
+        raise JobFailed("job %s failed (exit %d):\n%s"
+                        % (" ".join(map(str, module_args)), process.returncode,
+                           "".join(lines[-40:])))
+    return "".join(lines)
+
+
+def _end(process):
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def _ip(*args, check=True):
+    return subprocess.run(["ip"] + list(args), check=check, capture_output=True, text=True)
+
+
+@contextlib.contextmanager
+def shaped_namespace(bandwidth_mbit, name=None):
+    """A network namespace whose loopback carries at most `bandwidth_mbit` Mbit/s (token
+    bucket, `tc qdisc tbf`; 0 = unshaped), deleted on exit, also on error or Ctrl-C.
+
+    Every process of a job started inside it talks over this one loopback, so the shaped
+    rate is shared by all pushes and pulls, as on a worker's network link."""
+    if os.geteuid() != 0:
+        raise PermissionError("network namespaces need root; run as root or use "
+                              "--bandwidth-mbit 0 without a namespace")
+    name = name or "odsgd-%d-%d" % (os.getpid(), int(time.time() * 1000) % 100000)
+    _ip("netns", "add", name)
+    try:
+        _ip("netns", "exec", name, "ip", "link", "set", "lo", "up")
+        if bandwidth_mbit:
+            rate_bytes = bandwidth_mbit * 1e6 / 8
+            # tbf needs a bucket of at least one packet (loopback MTU 64 KiB) and enough for
+            # the kernel's timer granularity at high rates.
+            burst = int(max(256 * 1024, rate_bytes / 250))
+            subprocess.run(["ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "lo",
+                            "root", "tbf", "rate", "%dmbit" % bandwidth_mbit,
+                            "burst", str(burst), "latency", "50ms"],
+                           check=True, capture_output=True, text=True)
+        yield name
+    finally:
+        _ip("netns", "delete", name, check=False)

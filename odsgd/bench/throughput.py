@@ -1,0 +1,259 @@
+"""`python -m odsgd.bench throughput`: dist_sync, dist_async and dist_odsgd side by side on
+an emulated cluster network.
+
+For each bandwidth (Mbit/s of a token-bucket-shaped loopback in a network namespace of its
+own; 0 = unshaped) it measures:
+
+* samples/s of each mode (summed over workers; median, min and max over --repeats, the modes
+  interleaved within each repeat so that drift on a shared machine hits all alike);
+* t_comp, one step's forward/backward alone (one process, no kvstore), and t_comm, one step's
+  push + pull of every parameter with no computation (a dist_sync job under that bandwidth);
+* the bounds: SSGD = N B / (t_comp + t_comm), ideal overlap = N B / max(t_comp, t_comm);
+* dist_odsgd's own overlap meter: the mean time its local update waited for the previous pull,
+  and the share of t_comm hidden, 1 - wait / t_comm.
+
+Writes a table to the console, --json FILE (key "runs", one entry per mode and bandwidth) and
+a PNG plot beside it.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+from .jobs import run_job, shaped_namespace, JobFailed, job_environment
+
+MODES = ("dist_sync", "dist_async", "dist_odsgd")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="odsgd.bench throughput", description=__doc__)
+    p.add_argument("--model", default="mlp", help="mlp (2.1 M params), resnet18_v1, resnet50_v1")
+    p.add_argument("--batch-size", type=int, default=128, help="per worker")
+    p.add_argument("--image-size", type=int, default=224, help="for the ResNets")
+    p.add_argument("--mlp-hidden", type=int, default=1024,
+                   help="hidden units of 'mlp' (1024: 2.1 M parameters)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--servers", type=int, default=1)
+    p.add_argument("--bandwidth-mbit", default="0,1000,2000,4000",
+                   help="comma-separated list; 0 = unshaped loopback")
+    p.add_argument("--steps", type=int, default=30, help="timed steps per run")
+    p.add_argument("--skip", type=int, default=8, help="untimed steps before timing")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--warmup-steps", type=int, default=2,
+                   help="dist_odsgd's SSGD warm-up (ODSGD_WARMUP_STEPS); timing starts after "
+                        "--skip steps, so keep it below that to time the OD phase")
+    p.add_argument("--overlap-interval", type=int, default=10,
+                   help="dist_odsgd measures its overlap every this many steps "
+                        "(ODSGD_METRICS_INTERVAL)")
+    p.add_argument("--omp-threads", type=int, default=1,
+                   help="OMP_NUM_THREADS of every process (1: one core per worker)")
+    p.add_argument("--timeout", type=int, default=900, help="seconds per job")
+    p.add_argument("--json", default="results/throughput.json")
+    p.add_argument("--plot", default=None, help="PNG path (default: beside --json)")
+    args = p.parse_args(argv)
+    args.bandwidths = [int(b) for b in args.bandwidth_mbit.split(",") if b.strip() != ""]
+    args.mode_list = [m.strip() for m in args.modes.split(",") if m.strip()]
+    for mode in args.mode_list:
+        if mode not in MODES:
+            p.error("unknown mode %r; choose from %s" % (mode, ", ".join(MODES)))
+    if min(args.bandwidths) < 0:
+        p.error("--bandwidth-mbit values must be >= 0")
+    return args
+
+
+def _job_args(args, out, **extra):
+    job = ["odsgd.bench.throughput_job", "--model", args.model, "--batch-size",
+           args.batch_size, "--image-size", args.image_size, "--mlp-hidden", args.mlp_hidden,
+           "--steps", args.steps,
+           "--skip", args.skip, "--out", out]
+    for key, value in extra.items():
+        job += ["--" + key.replace("_", "-"), value]
+    return job
+
+
+def _env(args, mode=None):
+    env = {"OMP_NUM_THREADS": str(args.omp_threads)}
+    if mode == "dist_odsgd":
+        env.update(ODSGD_WARMUP_STEPS=str(args.warmup_steps),
+                   ODSGD_METRICS_INTERVAL=str(args.overlap_interval))
+    return env
+
+
+def _read_ranks(out, count):
+    results = []
+    for rank in range(count):
+        with open(os.path.join(out, "rank%d.json" % rank)) as f:
+            results.append(json.load(f))
+    return results
+
+
+def measure_compute(args):
+    """t_comp: one process, no kvstore."""
+    import subprocess
+    with tempfile.TemporaryDirectory() as out:
+        command = [sys.executable, "-m"] + [str(a) for a in _job_args(args, out,
+                                                                     measure="compute")]
+        subprocess.run(command, check=True, env=job_environment(_env(args)),
+                       capture_output=True, text=True, timeout=args.timeout)
+        return _read_ranks(out, 1)[0]["t_comp"]
+
+
+def measure_comm(args, netns):
+    with tempfile.TemporaryDirectory() as out:
+        run_job(_job_args(args, out, measure="comm"), args.workers, args.servers,
+                args.timeout, env=_env(args), netns=netns)
+        return max(r["t_comm"] for r in _read_ranks(out, args.workers))
+
+
+def measure_mode(args, mode, netns):
+    """(samples/s of the whole job, dist_odsgd overlap summaries or None)."""
+    with tempfile.TemporaryDirectory() as out:
+        run_job(_job_args(args, out, kvstore=mode), args.workers, args.servers, args.timeout,
+                env=_env(args, mode), netns=netns)
+        ranks = _read_ranks(out, args.workers)
+    overlap = [r["overlap"] for r in ranks if "overlap" in r]
+    return sum(r["samples_per_sec"] for r in ranks), overlap or None
+
+
+def _namespace(bandwidth):
+    if bandwidth == 0:
+        import contextlib
+        return contextlib.nullcontext(None)
+    return shaped_namespace(bandwidth)
+
+
+def run(args):
+    t_comp = measure_compute(args)
+    print("t_comp = %.1f ms per step (%s, batch %d, one process)"
+          % (1e3 * t_comp, args.model, args.batch_size), flush=True)
+    runs = []
+    for bandwidth in args.bandwidths:
+        samples = {mode: [] for mode in args.mode_list}
+        overlaps = []
+        with _namespace(bandwidth) as netns:
+            t_comm = measure_comm(args, netns)
+            print("[%s] t_comm = %.1f ms per step" % (_bw(bandwidth), 1e3 * t_comm), flush=True)
+            for repeat in range(args.repeats):
+                # Rotate the order so that no mode always runs first or last.
+                order = args.mode_list[repeat % len(args.mode_list):] + \
+                    args.mode_list[:repeat % len(args.mode_list)]
+                for mode in order:
+                    tic = time.time()
+                    rate, overlap = measure_mode(args, mode, netns)
+                    samples[mode].append(rate)
+                    if overlap:
+                        overlaps.extend(overlap)
+                    print("[%s] repeat %d/%d  %-10s %8.1f samples/s  (%.0f s)"
+                          % (_bw(bandwidth), repeat + 1, args.repeats, mode, rate,
+                             time.time() - tic), flush=True)
+        runs.extend(_summarise(args, bandwidth, samples, t_comp, t_comm, overlaps))
+    return runs
+
+
+def _bw(bandwidth):
+    return "%5d Mbit/s" % bandwidth if bandwidth else "  unshaped  "
+
+
+def _summarise(args, bandwidth, samples, t_comp, t_comm, overlaps):
+    per_step = args.workers * args.batch_size
+    runs = []
+    for mode, rates in samples.items():
+        entry = {"mode": mode, "model": args.model, "mlp_hidden": args.mlp_hidden,
+                 "workers": args.workers,
+                 "servers": args.servers, "batch_size": args.batch_size,
+                 "bandwidth_mbit": bandwidth, "repeats": len(rates),
+                 "samples_per_sec": statistics.median(rates),
+                 "samples_per_sec_min": min(rates), "samples_per_sec_max": max(rates),
+                 "samples_per_sec_all": rates, "t_comp": t_comp, "t_comm": t_comm,
+                 "ssgd_bound_samples_per_sec": per_step / (t_comp + t_comm),
+                 "ideal_samples_per_sec": per_step / max(t_comp, t_comm)}
+        if mode == "dist_odsgd" and overlaps:
+            waits = [o["mean_wait_s"] for o in overlaps if o["mean_wait_s"] is not None]
+            if waits:
+                wait = statistics.mean(waits)
+                entry["overlap_mean_wait_s"] = wait
+                entry["overlap_hidden_fraction"] = max(0.0, 1.0 - wait / t_comm) if t_comm else None
+        runs.append(entry)
+    return runs
+
+
+def print_table(runs):
+    by_bw = {}
+    for r in runs:
+        by_bw.setdefault(r["bandwidth_mbit"], {})[r["mode"]] = r
+    print("\n%-12s %-11s %22s %9s %9s %9s %9s" % ("bandwidth", "mode", "samples/s (min-max)",
+                                                 "x sync", "x async", "x ideal", "hidden"))
+    for bandwidth in sorted(by_bw):
+        modes = by_bw[bandwidth]
+        sync = modes.get("dist_sync", {}).get("samples_per_sec")
+        async_ = modes.get("dist_async", {}).get("samples_per_sec")
+        for mode, r in modes.items():
+            rate = r["samples_per_sec"]
+            hidden = r.get("overlap_hidden_fraction")
+            print("%-12s %-11s %8.1f (%6.1f-%6.1f) %9s %9s %9.2f %9s"
+                  % (_bw(bandwidth), mode, rate, r["samples_per_sec_min"],
+                     r["samples_per_sec_max"],
+                     "%.2f" % (rate / sync) if sync else "-",
+                     "%.2f" % (rate / async_) if async_ else "-",
+                     rate / r["ideal_samples_per_sec"],
+                     "%.0f%%" % (100 * hidden) if hidden is not None else "-"))
+        any_run = next(iter(modes.values()))
+        print("%-12s %-11s %8.1f   t_comp %.1f ms, t_comm %.1f ms; SSGD bound %.1f"
+              % ("", "ideal", any_run["ideal_samples_per_sec"], 1e3 * any_run["t_comp"],
+                 1e3 * any_run["t_comm"], any_run["ssgd_bound_samples_per_sec"]))
+
+
+def plot(runs, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    bandwidths = sorted({r["bandwidth_mbit"] for r in runs})
+    labels = [str(b) if b else "unshaped" for b in bandwidths]
+    xs = range(len(bandwidths))
+    for mode in MODES:
+        rows = {r["bandwidth_mbit"]: r for r in runs if r["mode"] == mode}
+        if not rows:
+            continue
+        med = [rows[b]["samples_per_sec"] for b in bandwidths]
+        low = [rows[b]["samples_per_sec"] - rows[b]["samples_per_sec_min"] for b in bandwidths]
+        high = [rows[b]["samples_per_sec_max"] - rows[b]["samples_per_sec"] for b in bandwidths]
+        ax.errorbar(xs, med, yerr=[low, high], marker="o", capsize=3, label=mode)
+    first = {r["bandwidth_mbit"]: r for r in runs}
+    ax.plot(xs, [first[b]["ideal_samples_per_sec"] for b in bandwidths], "k--",
+            label="ideal overlap 1/max(t_comp, t_comm)")
+    ax.plot(xs, [first[b]["ssgd_bound_samples_per_sec"] for b in bandwidths], "k:",
+            label="SSGD 1/(t_comp + t_comm)")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(labels)
+    ax.set_xlabel("loopback bandwidth (Mbit/s)")
+    ax.set_ylabel("samples/s (all workers)")
+    r0 = runs[0]
+    ax.set_title("%s, %d workers x batch %d, %d server(s)"
+                 % (r0["model"], r0["workers"], r0["batch_size"], r0["servers"]))
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    try:
+        runs = run(args)
+    except JobFailed as failure:
+        print("odsgd.bench throughput: %s" % failure, file=sys.stderr)
+        return 1
+    print_table(runs)
+    with open(args.json, "w") as f:
+        json.dump({"command": " ".join(sys.argv), "runs": runs}, f, indent=1)
+    plot_path = args.plot or os.path.splitext(args.json)[0] + ".png"
+    plot(runs, plot_path)
+    print("\nwrote %s and %s" % (args.json, plot_path))
+    return 0

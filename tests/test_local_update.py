@@ -1,0 +1,133 @@
+"""LocalUpdater (the OD-phase step of SPEC.md section 2) against the NumPy reference, through
+the fused operator and through the NDArray fallback, for random shapes and every option."""
+import mxnet as mx
+import numpy as np
+import pytest
+
+import od_reference as ref
+from odsgd import local_update, native
+from odsgd.config import ODSGDConfig
+from odsgd.local_update import LocalUpdater
+
+SHAPES = [(1,), (7,), (33, 5), (4, 3, 2), (1031,)]
+RTOL, ATOL = 1e-5, 1e-6
+
+
+@pytest.fixture(params=["fused", "fallback"])
+def path(request, monkeypatch):
+    if request.param == "fused":
+        assert native.load(), "the native library must be built (make native)"
+    else:
+        monkeypatch.setattr(native, "supports", lambda context: False)
+    return request.param
+
+
+def make_updater(num_workers=3, lr=0.1, momentum=0.9, wd=1e-3, rescale=0.25, **store):
+    optimizer = mx.optimizer.SGD(learning_rate=lr, momentum=momentum, wd=wd,
+                                 rescale_grad=rescale)
+    return LocalUpdater(ODSGDConfig(environ={}, **store), optimizer, num_workers), optimizer
+
+
+def arrays(shape, rng):
+    return [rng.uniform(-1, 1, shape).astype(np.float32) for _ in range(4)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("mode", ["constant", "adaptive"])
+@pytest.mark.parametrize("clip", [None, 0.3])
+def test_local_sgd(path, shape, mode, clip):
+    rng = np.random.RandomState(hash((shape, mode, clip)) % 2**31)
+    params = {"learning_rate": 0.07, "momentum": 0.6, "wd": 2e-3}
+    if clip:
+        params["clip_gradient"] = clip
+    updater, opt = make_updater(local_optimizer="sgd", local_optimizer_params=params,
+                                compensation=0.8, compensation_mode=mode)
+    w, W, W_prev, grad = arrays(shape, rng)
+    m, v = np.zeros_like(w), np.zeros_like(w)
+    weight = mx.nd.array(w)
+    for step in range(4):           # states carry over between calls
+        grad = rng.uniform(-2, 2, shape).astype(np.float32)
+        W = W + rng.uniform(-0.1, 0.1, shape).astype(np.float32)
+        expected = ref.local_sgd_step(w, W, grad, m, v, rescale_grad=0.25, lr=0.07,
+                                      momentum=0.6, wd=2e-3, lam=0.8, mode=mode,
+                                      clip_gradient=clip)
+        updater.update("k", step, weight, mx.nd.array(grad), mx.nd.array(W), mx.nd.array(W_prev))
+        np.testing.assert_allclose(weight.asnumpy(), expected, rtol=RTOL, atol=ATOL)
+        w = expected
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("lam,mode", [(0.0, "constant"), (0.5, "constant"), (0.5, "adaptive")])
+def test_predict(path, shape, lam, mode):
+    rng = np.random.RandomState(hash((shape, lam, mode)) % 2**31)
+    updater, opt = make_updater(local_optimizer="predict", compensation=lam,
+                                compensation_mode=mode)
+    w, W, W_prev, _ = arrays(shape, rng)
+    v = np.zeros_like(w)
+    weight = mx.nd.array(w)
+    for step in range(3):
+        grad = rng.uniform(-2, 2, shape).astype(np.float32)
+        expected = ref.predict_step(w, W, W_prev, grad, v, rescale_grad=0.25, lr=0.1,
+                                    momentum=0.9, wd=1e-3, lam=lam, num_workers=3, mode=mode)
+        updater.update(0, step, weight, mx.nd.array(grad), mx.nd.array(W), mx.nd.array(W_prev))
+        np.testing.assert_allclose(weight.asnumpy(), expected, rtol=RTOL, atol=ATOL)
+        w, W_prev, W = expected, W, W + rng.uniform(-0.1, 0.1, shape).astype(np.float32)
+
+
+def test_predict_follows_the_global_schedule(path):
+    """'predict' uses the servers' rate for update t: lr_scheduler(t + 1)."""
+    updater, opt = make_updater(local_optimizer="predict")
+    opt.lr_scheduler = mx.lr_scheduler.FactorScheduler(step=2, factor=0.5, base_lr=0.1)
+    rng = np.random.RandomState(3)
+    w, W, W_prev, grad = arrays((5,), rng)
+    weight = mx.nd.array(w)
+    updater.update(0, 4, weight, mx.nd.array(grad), mx.nd.array(W), mx.nd.array(W_prev))
+    expected = ref.predict_step(w, W, W_prev, grad, np.zeros_like(w), rescale_grad=0.25,
+                                lr=0.1 * 0.5 ** 2, momentum=0.9, wd=1e-3, lam=0.0,
+                                num_workers=3)
+    np.testing.assert_allclose(weight.asnumpy(), expected, rtol=RTOL, atol=ATOL)
+
+
+def test_derived_local_learning_rate():
+    """Unset, the local rate of 'sgd' is lr_g * N / (1 - mu_g) * (1 - mu_l)."""
+    updater, _ = make_updater(num_workers=4, lr=0.05, momentum=0.9, local_optimizer="sgd",
+                              local_optimizer_params={"momentum": 0.5})
+    assert updater.local_learning_rate(0) == pytest.approx(0.05 * 4 / 0.1 * 0.5)
+
+
+def test_mx_optimizer_as_local_optimizer():
+    """Any other mx.optimizer is applied to a copy of W_t; here Adam, against NumPy."""
+    updater, _ = make_updater(local_optimizer="adam",
+                              local_optimizer_params={"learning_rate": 0.01})
+    rng = np.random.RandomState(5)
+    w, W, W_prev, _ = arrays((6, 4), rng)
+    m, v = np.zeros_like(w), np.zeros_like(w)
+    weight = mx.nd.array(w)
+    for step in range(3):
+        grad = rng.uniform(-1, 1, w.shape).astype(np.float32)
+        updater.update(1, step, weight, mx.nd.array(grad), mx.nd.array(W), mx.nd.array(W_prev))
+        # MXNet's Adam with bias correction folded into the rate, on g = r * grad
+        g = 0.25 * grad
+        m = 0.9 * m + 0.1 * g
+        v = 0.999 * v + 0.001 * g * g
+        lr = 0.01 * np.sqrt(1 - 0.999 ** (step + 1)) / (1 - 0.9 ** (step + 1))
+        expected = W - lr * m / (np.sqrt(v) + 1e-8)
+        np.testing.assert_allclose(weight.asnumpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_fallback_and_fused_agree():
+    """Both paths on the same inputs agree to float32 rounding (not bit for bit: the fused
+    kernel evaluates the same formula in another order)."""
+    assert native.load()
+    rng = np.random.RandomState(11)
+    shape = (100003,)
+    w, W, W_prev, grad = arrays(shape, rng)
+    args = dict(rescale_grad=0.5, clip_gradient=0.4, lr=0.03, momentum=0.7, wd=1e-4, lam=0.9,
+                adaptive=True, beta=0.95, eps=1e-7)
+    results = []
+    for fn in (native.local_update_, local_update.ndarray_local_update_):
+        weight, mom, var = mx.nd.array(w), mx.nd.zeros(shape), mx.nd.zeros(shape)
+        fn(weight, mx.nd.array(grad), mx.nd.array(W), mom, var, **args)
+        results.append((weight.asnumpy(), mom.asnumpy(), var.asnumpy()))
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
