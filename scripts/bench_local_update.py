@@ -1,0 +1,196 @@
+"""Benchmark of the fused OD-SGD local update (odsgd.native.local_update_) on its own.
+
+For each array size and compensation mode it times three things and reports memory bandwidth:
+
+  fused     mx.nd.odsgd_local_update, one pass: reads weight, grad, global_weight, mom
+            (+ var when adaptive), writes weight, mom (+ var): 24 (32) bytes per element.
+  copy      NDArray.copyto of an array holding the same number of bytes (read + write): the
+            memory-bandwidth reference, what one pass over that much memory costs.
+  fallback  the same math as plain mx.nd operators: the package's own NDArray fallback,
+            odsgd.local_update.ndarray_local_update_.
+
+Bandwidth = the fused operator's byte count / time, for all three, so that "fused / copy" is
+the fraction of copy bandwidth the fused operator reaches and "speed-up" = fallback time /
+fused time. Targets: fused >= 0.8x copy, >= 2x faster than the fallback.
+
+    python scripts/bench_local_update.py --json results/bench_local_update.json
+
+Threads: MXNet runs CPU operators with its own OpenMP thread count (OMP_NUM_THREADS, else
+MXNET_OMP_MAX_THREADS, else half the logical CPUs on x86); this script sets neither and
+records both in the JSON.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import mxnet as mx  # noqa: E402
+
+from odsgd import native  # noqa: E402
+from odsgd.local_update import ndarray_local_update_  # noqa: E402
+
+MiB_ELEMENTS = 1 << 20
+HYPER = dict(rescale_grad=1.0 / 256, clip_gradient=None, lr=0.05, momentum=0.9, wd=1e-4,
+             lam=0.04, beta=0.95, eps=1e-7)
+
+
+def bytes_per_call(n, adaptive):
+    """Bytes the fused operator must move: 4 arrays read and 2 written (constant mode),
+    5 read and 3 written (adaptive), 4 bytes per float32 element."""
+    arrays = 8 if adaptive else 6
+    return arrays * 4 * n
+
+
+def time_interleaved(calls, repeats, min_time):
+    """Seconds per call of each function in `calls` (name -> function): median, min, max over
+    `repeats` timed runs. The runs of the different functions alternate (a, b, c, a, b, c,
+    ...) so that load from other processes falls on all of them alike. Each run makes `iters`
+    calls, chosen from a warm-up call so that a run lasts about `min_time` seconds;
+    mx.nd.waitall() brackets every run because MXNet's operators run asynchronously."""
+    iters, samples = {}, {name: [] for name in calls}
+    for name, call in calls.items():
+        mx.nd.waitall()
+        start = time.perf_counter()
+        call()
+        mx.nd.waitall()
+        iters[name] = max(1, int(min_time / max(time.perf_counter() - start, 1e-6)))
+    for _ in range(repeats):
+        for name, call in calls.items():
+            mx.nd.waitall()
+            start = time.perf_counter()
+            for _ in range(iters[name]):
+                call()
+            mx.nd.waitall()
+            samples[name].append((time.perf_counter() - start) / iters[name])
+    return {name: {"median_s": statistics.median(per_call), "min_s": min(per_call),
+                   "max_s": max(per_call), "iters": iters[name], "repeats": repeats}
+            for name, per_call in samples.items()}
+
+
+def make_state(n, seed):
+    """weight, grad, global_weight, mom, var: float32 arrays of n elements."""
+    mx.random.seed(seed)
+    global_weight = mx.nd.random.normal(0, 1, shape=(n,), dtype="float32")
+    weight = global_weight + mx.nd.random.normal(0, 0.01, shape=(n,), dtype="float32")
+    grad = mx.nd.random.normal(0, 1, shape=(n,), dtype="float32")
+    return weight, grad, global_weight, mx.nd.zeros((n,)), mx.nd.zeros((n,))
+
+
+def check_agreement(adaptive):
+    """The two implementations must compute the same thing before their times compare."""
+    fused = make_state(10007, seed=1)
+    fallback = [a.copy() for a in fused]
+    for _ in range(3):
+        native.local_update_(*fused, adaptive=adaptive, **HYPER)
+        ndarray_local_update_(*fallback, adaptive=adaptive, **HYPER)
+    for name, a, b in zip(("weight", "mom", "var"), (fused[0], fused[3], fused[4]),
+                          (fallback[0], fallback[3], fallback[4])):
+        np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-6,
+                                   err_msg="fused and fallback disagree on " + name)
+
+
+def bench_one(n, adaptive, repeats, min_time):
+    nbytes = bytes_per_call(n, adaptive)
+    fused_state = make_state(n, seed=n)
+    fallback_state = [a.copy() for a in fused_state]
+    src = mx.nd.ones((nbytes // 8,))       # copy reads and writes 4 bytes per element
+    dst = mx.nd.zeros((nbytes // 8,))
+    timings = time_interleaved({
+        "fused": lambda: native.local_update_(*fused_state, adaptive=adaptive, **HYPER),
+        "copy": lambda: src.copyto(dst),
+        "fallback": lambda: ndarray_local_update_(*fallback_state, adaptive=adaptive, **HYPER),
+    }, repeats, min_time)
+    mx.nd.waitall()     # the arrays are freed when this function returns
+    row = {"elements": n, "mode": "adaptive" if adaptive else "constant",
+           "bytes_per_call": nbytes}
+    for name, timing in timings.items():
+        row[name] = dict(timing, **{key.replace("_s", "_gbps"): nbytes / timing[key] / 1e9
+                                    for key in ("median_s", "min_s", "max_s")})
+    fused, copy, fallback = timings["fused"], timings["copy"], timings["fallback"]
+    # Ratios of medians, and of the fastest runs (the least disturbed by other processes).
+    row["fused_over_copy"] = copy["median_s"] / fused["median_s"]
+    row["speedup_over_fallback"] = fallback["median_s"] / fused["median_s"]
+    row["fused_over_copy_best"] = copy["min_s"] / fused["min_s"]
+    row["speedup_over_fallback_best"] = fallback["min_s"] / fused["min_s"]
+    return row
+
+
+def gbps_cell(timing):
+    # Bandwidth from the slowest and fastest run: max time gives the lower bound.
+    return "%5.1f [%4.1f-%4.1f]" % (timing["median_gbps"], timing["max_gbps"],
+                                    timing["min_gbps"])
+
+
+def print_table(rows):
+    header = ("%8s %-8s %7s  %-18s %-18s %-18s %-14s %-14s"
+              % ("elements", "mode", "MB/call", "fused GB/s", "copy GB/s", "fallback GB/s",
+                 "fused/copy", "speed-up"))
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print("%7dM %-8s %7.0f  %-18s %-18s %-18s %-14s %-14s"
+              % (row["elements"] // MiB_ELEMENTS, row["mode"], row["bytes_per_call"] / 1e6,
+                 gbps_cell(row["fused"]), gbps_cell(row["copy"]), gbps_cell(row["fallback"]),
+                 "%.2fx (%.2fx)" % (row["fused_over_copy"], row["fused_over_copy_best"]),
+                 "%.1fx (%.1fx)" % (row["speedup_over_fallback"],
+                                    row["speedup_over_fallback_best"])))
+    print("GB/s: median [slowest run - fastest run] of the repeats; ratios: of medians "
+          "(of fastest runs); 1 GB = 1e9 bytes; M = 2^20 elements")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1,4,16,64",
+                        help="array sizes in units of 2^20 float32 elements (default: 1,4,16,64)")
+    parser.add_argument("--modes", default="constant,adaptive",
+                        help="compensation modes to time (default: constant,adaptive)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per cell (default 5)")
+    parser.add_argument("--min-time", type=float, default=0.25,
+                        help="seconds one timed run should last at least (default 0.25)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if not native.load():
+        sys.exit("bench_local_update: the fused operator is not built; run `make native` or "
+                 "`python -m odsgd.native build` first")
+    sizes = [int(s) * MiB_ELEMENTS for s in args.sizes.split(",")]
+    modes = [m.strip() for m in args.modes.split(",")]
+    for mode in modes:
+        if mode not in ("constant", "adaptive"):
+            sys.exit("bench_local_update: unknown mode %r" % mode)
+        check_agreement(mode == "adaptive")
+    rows = []
+    for n in sizes:
+        for mode in modes:
+            rows.append(bench_one(n, mode == "adaptive", args.repeats, args.min_time))
+            print("  measured %dM %s" % (n // MiB_ELEMENTS, mode), file=sys.stderr, flush=True)
+    print_table(rows)
+    if args.json:
+        meta = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+                "mxnet_version": mx.__version__, "build_info": native.build_info(),
+                "cpu": platform.processor() or platform.machine(),
+                "logical_cpus": os.cpu_count(),
+                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+                "MXNET_OMP_MAX_THREADS": os.environ.get("MXNET_OMP_MAX_THREADS"),
+                "hyper_parameters": HYPER,
+                "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        folder = os.path.dirname(os.path.abspath(args.json))
+        os.makedirs(folder, exist_ok=True)
+        with open(args.json, "w") as handle:
+            json.dump({"meta": meta, "rows": rows}, handle, indent=2)
+            handle.write("\n")
+        print("wrote " + args.json)
+
+
+if __name__ == "__main__":
+    main()
