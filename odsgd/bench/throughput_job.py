@@ -73,8 +73,12 @@ def timed(step, skip, steps):
     return (time.time() - tic) / steps
 
 
-def measure_compute(args):
+def model_step(args, trainer_for=None):
+    """(net, step): the model with one synthetic batch, and a function that runs one step's
+    forward and backward, then `trainer.step` when `trainer_for(net)` gives a Trainer."""
     net, shape, classes = build_model(args.model, args.image_size, args.mlp_hidden)
+    net(mx.nd.zeros((1,) + shape))
+    trainer = trainer_for(net) if trainer_for else None
     data, label = synthetic_batch(shape, classes, args.batch_size)
     loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
 
@@ -82,13 +86,19 @@ def measure_compute(args):
         with mx.autograd.record():
             loss = loss_fn(net(data), label)
         loss.backward()
+        if trainer is not None:
+            trainer.step(args.batch_size)
+    return net, step
+
+
+def measure_compute(args):
+    _, step = model_step(args)
     return {"t_comp": timed(step, args.skip, args.steps)}, 0
 
 
 def measure_comm(args):
     kv = mx.kv.create("dist_sync")
-    net, shape, classes = build_model(args.model, args.image_size, args.mlp_hidden)
-    net(mx.nd.zeros((1,) + shape))
+    net, _ = model_step(args)
     params = [p for p in net.collect_params().values() if p.grad_req != "null"]
     weights = [p.data() for p in params]
     grads = [mx.nd.zeros_like(w) for w in weights]
@@ -104,18 +114,8 @@ def measure_comm(args):
 
 def measure_training(args):
     kv = mx.kv.create(args.kvstore)
-    net, shape, classes = build_model(args.model, args.image_size, args.mlp_hidden)
-    net(mx.nd.zeros((1,) + shape))
-    trainer = mx.gluon.Trainer(net.collect_params(), "sgd",
-                               {"learning_rate": 0.01, "momentum": 0.9}, kvstore=kv)
-    data, label = synthetic_batch(shape, classes, args.batch_size)
-    loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
-
-    def step():
-        with mx.autograd.record():
-            loss = loss_fn(net(data), label)
-        loss.backward()
-        trainer.step(args.batch_size)
+    _, step = model_step(args, lambda net: mx.gluon.Trainer(
+        net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9}, kvstore=kv))
     seconds = timed(step, args.skip, args.steps)
     result = {"seconds_per_step": seconds, "samples_per_sec": args.batch_size / seconds}
     if isinstance(kv, odsgd.DistODSGD):
