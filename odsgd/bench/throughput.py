@@ -154,6 +154,11 @@ def run(args):
     return runs
 
 
+def _bandwidth_order(bandwidth):
+    """Sort key: unshaped (0) is the fastest link, so it goes last."""
+    return bandwidth or float("inf")
+
+
 def _bw(bandwidth):
     return "%5d Mbit/s" % bandwidth if bandwidth else "  unshaped  "
 
@@ -187,7 +192,7 @@ def print_table(runs):
         by_bw.setdefault(r["bandwidth_mbit"], {})[r["mode"]] = r
     print("\n%-12s %-11s %22s %9s %9s %9s %9s" % ("bandwidth", "mode", "samples/s (min-max)",
                                                  "x sync", "x async", "x ideal", "hidden"))
-    for bandwidth in sorted(by_bw):
+    for bandwidth in sorted(by_bw, key=_bandwidth_order):
         modes = by_bw[bandwidth]
         sync = modes.get("dist_sync", {}).get("samples_per_sec")
         async_ = modes.get("dist_async", {}).get("samples_per_sec")
@@ -212,7 +217,7 @@ def plot(runs, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    bandwidths = sorted({r["bandwidth_mbit"] for r in runs})
+    bandwidths = sorted({r["bandwidth_mbit"] for r in runs}, key=_bandwidth_order)
     labels = [str(b) if b else "unshaped" for b in bandwidths]
     xs = range(len(bandwidths))
     for mode in MODES:
