@@ -11,8 +11,9 @@ import os
 __version__ = "0.1.0"
 
 _PUBLIC = {"DistODSGD": "kvstore", "StoreType": "kvstore", "load_global_weights": "kvstore",
-           "ODSGDConfig": "config", "LocalUpdater": "local_update",
-           "ServerOptimizer": "server_updater"}
+           "equal_steps": "kvstore", "save_checkpoint": "checkpoint",
+           "load_checkpoint": "checkpoint", "ODSGDConfig": "config",
+           "LocalUpdater": "local_update", "ServerOptimizer": "server_updater"}
 __all__ = sorted(_PUBLIC)
 
 
@@ -28,4 +29,5 @@ def __getattr__(name):
 if os.environ.get("DMLC_ROLE") not in ("server", "scheduler"):
     from . import native
     native.load()
-    from .kvstore import DistODSGD, StoreType, load_global_weights  # noqa: F401,E402
+    from .kvstore import DistODSGD, StoreType, equal_steps, load_global_weights  # noqa: F401,E402
+    from .checkpoint import load_checkpoint, save_checkpoint  # noqa: F401,E402

@@ -8,17 +8,27 @@ module changes, in this process only:
 
 * `threading.Thread.isAlive`, removed in Python 3.9, is restored as `is_alive` (dmlc_tracker
   calls it in the scheduler's join loop and dies without it, leaving the job running).
+* The scheduler's port is one the kernel picks as free (dmlc_tracker takes the first free
+  one from 9091, which two jobs started together on one machine both take).
 * With `--launcher local` every process talks over loopback: the tracker's host address and
   ps-lite's node address (DMLC_NODE_HOST) are 127.0.0.1, so a machine (or network namespace)
   with no other interface works.
-* Every process the tracker starts is recorded. When one exits with an error (or is killed),
-  or after `--job-timeout` seconds, or on Ctrl-C / SIGTERM, all others are ended (by their own
-  process group, which each gets) and the launcher exits non-zero, naming the one that failed.
+* Every process the tracker starts (scheduler, servers, workers; for ssh and mpi the ssh or
+  mpirun client) is recorded, and its output is forwarded line by line with a prefix such as
+  `[worker 1] `, keeping its last lines. When one exits with an error or is killed, or after
+  `--job-timeout` seconds, or on Ctrl-C / SIGTERM, all others are ended (through their own
+  process group, which each gets: SIGTERM, then SIGKILL after 5 s) and the launcher exits
+  non-zero, naming the process that failed and printing its last lines.
+* On Linux each child also gets SIGKILL when the launcher itself dies (even by SIGKILL), so a
+  killed launcher leaves no job behind on this machine.
 """
 import argparse
+import collections
+import ctypes
 import importlib.util
 import logging
 import os
+import re
 import runpy
 import signal
 import subprocess
@@ -29,70 +39,277 @@ import warnings
 
 LOG = logging.getLogger("odsgd.launch")
 
-ROLE_ORDER = {"scheduler": 0, "server": 1, "worker": 2}
+#: lines of each process's output kept for the failure report
+TAIL_LINES = 20
+#: seconds between SIGTERM and SIGKILL when the job is ended
+GRACE_SECONDS = 5.0
+#: seconds the processes get to exit by themselves once the scheduler has finished
+EXIT_SECONDS = 30.0
+#: What some of ps-lite's and MXNet's fatal messages mean, for the failure report.
+HINTS = (
+    (re.compile(r"vals->size\(\) == total_val"),
+     "a worker pulled an array whose size differs from the one rank 0 initialised the key "
+     "with: the parameter shapes differ between workers (every worker must build the same "
+     "model)"),
+    (re.compile(r"lshape == rshape: operands shape mismatch"),
+     "an array pushed to a server has another shape than the one rank 0 initialised the key "
+     "with: the parameter shapes differ between workers (every worker must build the same "
+     "model)"),
+    (re.compile(r"bind failed"),
+     "a process could not bind its port: another program holds it (odsgd.launch picks a free "
+     "port for the scheduler; by hand, choose another DMLC_PS_ROOT_PORT)"),
+)
+
+
+class ProcessRecord(object):
+    """One process of the job: its Popen, a label such as 'worker 1', its last output lines."""
+
+    def __init__(self, process, label):
+        self.process = process
+        self.label = label
+        self.tail = collections.deque(maxlen=TAIL_LINES)
+        self.output_done = threading.Event()   # set when its output reached end of file
+        self.output_done.set()                 # until a reader is attached
+
+    def describe_exit(self, returncode):
+        if returncode < 0:
+            how = "was killed by signal %d (%s)" % (-returncode, _signal_name(-returncode))
+        elif returncode > 128:
+            how = ("exited with code %d (a shell's code for signal %d, %s)"
+                   % (returncode, returncode - 128, _signal_name(returncode - 128)))
+        else:
+            how = "exited with code %d" % returncode
+        return "%s (pid %d) %s" % (self.label, self.process.pid, how)
+
+
+def _signal_name(number):
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown signal"
 
 
 class Job(object):
-    """The processes of one launched job."""
+    """The processes of one launched job and what went wrong with them."""
 
-    def __init__(self):
+    def __init__(self, out=None):
         self.lock = threading.Lock()
-        self.processes = []      # (Popen, role, task id)
-        self.failure = None      # text naming the first process that failed
+        self.out = out                       # stream for the children's lines (sys.stdout)
+        self.out_lock = threading.Lock()
+        self.records = []
+        self.failures = []                   # (record, text), in the order they were seen
+        self.failed_at = None                # time.time() of the first failure
+        self._ending = False
+        self._role_counts = collections.Counter()
 
-    def started(self, process, env):
-        env = env or {}
+    @property
+    def failure(self):
+        """Text naming the first process that failed, or None."""
+        return self.failures[0][1] if self.failures else None
+
+    # -- bookkeeping -----------------------------------------------------------------------
+    def started(self, process, env=None, command=None):
         with self.lock:
-            self.processes.append((process, env.get("DMLC_ROLE", "process"),
-                                   env.get("DMLC_TASK_ID", "")))
+            record = ProcessRecord(process, self._label(env, command))
+            self.records.append(record)
+        return record
+
+    def _label(self, env, command):
+        env = env or {}
+        role = env.get("DMLC_ROLE")
+        if role is None:   # ssh and mpi pass the role inside the command line
+            match = re.search(r"DMLC_ROLE[= ](\w+)", command if isinstance(command, str)
+                              else " ".join(map(str, command or [])))
+            role = match.group(1) if match else "process"
+        if role == "scheduler":
+            return "scheduler"
+        task = env.get("DMLC_TASK_ID")
+        if task is not None and task.isdigit():
+            index = int(task)
+            # dmlc_tracker's local launcher numbers workers 0..n-1, then servers n..n+s-1
+            if role == "server" and env.get("DMLC_NUM_WORKER", "").isdigit():
+                index -= int(env["DMLC_NUM_WORKER"])
+        else:
+            index = self._role_counts[role]
+            self._role_counts[role] += 1
+        return "%s %d" % (role, index)
+
+    def record_of(self, process):
+        with self.lock:
+            for record in self.records:
+                if record.process is process:
+                    return record
+        return None
 
     def exited(self, process, returncode):
         if returncode == 0:
             return
+        record = self.record_of(process)
+        if record is None:
+            return
         with self.lock:
-            if self.failure is not None or getattr(self, "_ending", False):
+            if self._ending or any(r is record for r, _ in self.failures):
                 return
-            for proc, role, task in self.processes:
-                if proc is process:
-                    how = ("killed by signal %d" % -returncode if returncode < 0
-                           else "exited with code %d" % returncode)
-                    self.failure = "%s %s (pid %d) %s" % (role, task, proc.pid, how)
+            self.failures.append((record, record.describe_exit(returncode)))
+            if self.failed_at is None:
+                self.failed_at = time.time()
 
-    def end_all(self, grace=5.0):
-        """SIGTERM, then SIGKILL after `grace` seconds, to every process still running, each
-        through its own process group (so its children end too)."""
-        self._ending = True
+    # -- output ----------------------------------------------------------------------------
+    def attach_output(self, record, read_fd):
+        """Forwards the lines read from `read_fd` to self.out as '[label] line', keeping the
+        last TAIL_LINES in record.tail."""
+        record.output_done.clear()
+        thread = threading.Thread(target=self._forward, args=(record, read_fd),
+                                  name="output of %s" % record.label, daemon=True)
+        thread.start()
+
+    def _forward(self, record, read_fd):
+        prefix = "[%s] " % record.label
+        try:
+            with open(read_fd, "rb", closefd=True) as pipe:
+                for raw in iter(pipe.readline, b""):
+                    line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                    record.tail.append(line)
+                    self.write(prefix + line + "\n")
+        except (OSError, ValueError):
+            pass
+        finally:
+            record.output_done.set()
+
+    def write(self, text):
+        out = self.out or sys.stdout
+        with self.out_lock:
+            try:
+                out.write(text)
+                out.flush()
+            except (OSError, ValueError):
+                pass   # the console is gone: keep draining the pipes all the same
+
+    def wait_for_output(self, timeout=5.0):
+        deadline = time.time() + timeout
+        for record in list(self.records):
+            record.output_done.wait(max(0.0, deadline - time.time()))
+
+    # -- ending ----------------------------------------------------------------------------
+    def running(self):
         with self.lock:
-            running = [proc for proc, _, _ in self.processes if proc.poll() is None]
+            return [r for r in self.records if r.process.poll() is None]
+
+    def wait_for_exit(self, timeout):
+        """Waits up to `timeout` seconds for every process to exit by itself; True if all
+        did."""
+        deadline = time.time() + timeout
+        while self.running():
+            if time.time() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
+    def end_all(self, grace=GRACE_SECONDS):
+        """SIGTERM, then SIGKILL after `grace` seconds, to every process still running, each
+        through its own process group (so its children end too). Returns the labels of the
+        processes that were still running (empty if none had to be ended)."""
+        self._ending = True
+        running = self.running()
+        ended = [r.label for r in running]
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            for proc in running:
+            for record in running:
                 try:
-                    os.killpg(proc.pid, sig)
+                    os.killpg(record.process.pid, sig)
                 except (ProcessLookupError, PermissionError):
                     pass
             deadline = time.time() + grace
-            while time.time() < deadline and any(p.poll() is None for p in running):
+            while time.time() < deadline and any(r.process.poll() is None for r in running):
                 time.sleep(0.05)
-            running = [p for p in running if p.poll() is None]
+            running = [r for r in running if r.process.poll() is None]
             if not running:
-                return
+                break
+        return ended
+
+    def report_failures(self):
+        """Logs every failed process with its last output lines; when none failed (a timeout,
+        a signal to the launcher) the last few lines of every process instead."""
+        self.wait_for_output(2.0)
+        if self.failures:
+            shown = [(record, text, TAIL_LINES) for record, text in self.failures]
+        else:
+            shown = [(record, "%s (pid %d)" % (record.label, record.process.pid), 5)
+                     for record in self.records]
+        for record, text, count in shown:
+            lines = list(record.tail)[-count:]
+            if lines:
+                LOG.error("odsgd.launch: %s; its last %d output lines:\n%s", text, len(lines),
+                          "\n".join("    " + line for line in lines))
+            else:
+                LOG.error("odsgd.launch: %s; it printed nothing", text)
+            for pattern, hint in HINTS:
+                if any(pattern.search(line) for line in record.tail):
+                    LOG.error("odsgd.launch: hint for %s: %s", record.label, hint)
 
 
 JOB = Job()
 
 
-class _TrackedPopen(subprocess.Popen):
-    """Popen that puts each child in its own session and reports its exit to JOB."""
+def _parent_death_signal():
+    """preexec_fn that asks Linux to SIGKILL the child when the launcher dies, or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+    launcher = os.getpid()
 
-    def __init__(self, *args, **kwargs):
+    def preexec():
+        # Only a system call here: this runs in the forked child of a threaded process.
+        prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != launcher:   # the launcher died before prctl took effect
+            os._exit(1)
+    return preexec
+
+
+class _TrackedPopen(subprocess.Popen):
+    """Popen that puts each child in its own session, forwards its output through JOB with a
+    prefix (unless the caller captures it) and reports its exit to JOB."""
+
+    def __init__(self, args, *rest, **kwargs):
         kwargs["start_new_session"] = True
-        super(_TrackedPopen, self).__init__(*args, **kwargs)
-        JOB.started(self, kwargs.get("env"))
+        if kwargs.get("preexec_fn") is None:
+            kwargs["preexec_fn"] = _parent_death_signal()
+        env = kwargs.get("env")
+        if env is not None:
+            env = dict(env)
+            env.setdefault("PYTHONUNBUFFERED", "1")   # lines reach the console as printed
+            kwargs["env"] = env
+        capture = (len(rest) <= 3 and kwargs.get("stdout") is None
+                   and kwargs.get("stderr") is None)
+        read_fd = write_fd = None
+        if capture:
+            read_fd, write_fd = os.pipe()
+            kwargs["stdout"] = kwargs["stderr"] = write_fd
+        try:
+            super(_TrackedPopen, self).__init__(args, *rest, **kwargs)
+        except BaseException:
+            if capture:
+                os.close(read_fd)
+            raise
+        finally:
+            if capture:
+                os.close(write_fd)
+        record = JOB.started(self, env, args)
+        LOG.info("odsgd.launch: started %s (pid %d)", record.label, self.pid)
+        if capture:
+            JOB.attach_output(record, read_fd)
 
     def wait(self, timeout=None):
         returncode = super(_TrackedPopen, self).wait(timeout)
         JOB.exited(self, returncode)
         return returncode
+
+
+class JobFailed(RuntimeError):
+    pass
 
 
 def _wait_for_scheduler(deadline):
@@ -111,8 +328,17 @@ def _wait_for_scheduler(deadline):
     return join
 
 
-class JobFailed(RuntimeError):
-    pass
+def _on_free_port(tracker_init):
+    """PSTracker.__init__ with the scheduler's port picked by the kernel. dmlc_tracker takes
+    the first free port from 9091 on, so two jobs started on one machine at about the same
+    time get the same port and one scheduler dies with "bind failed"."""
+    def init(self, hostIP, cmd, port=9091, port_end=9999, envs=None):
+        import socket
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+        tracker_init(self, hostIP, cmd, port=port, port_end=port + 100, envs=envs)
+    return init
 
 
 def mxnet_launch_script():
@@ -138,6 +364,7 @@ def _mend_dmlc_tracker(launcher, deadline):
     threading.excepthook = lambda hook_args: LOG.debug("tracker thread: %s", hook_args.exc_value)
     from dmlc_tracker import tracker
     tracker.PSTracker.join = _wait_for_scheduler(deadline)
+    tracker.PSTracker.__init__ = _on_free_port(tracker.PSTracker.__init__)
     if launcher == "local":
         os.environ.setdefault("DMLC_NODE_HOST", "127.0.0.1")
         tracker.get_host_ip = lambda host_ip=None: "127.0.0.1"
@@ -176,21 +403,36 @@ def main(argv=None):
     script = mxnet_launch_script()
     sys.argv = [script] + rest
     code = 0
+    reason = None
     try:
         runpy.run_path(script, run_name="__main__")
+        # The scheduler is done; the others finish exiting by themselves (their exit codes
+        # still count) before anything left is ended.
+        wait = EXIT_SECONDS if deadline is None else min(EXIT_SECONDS, deadline - time.time())
+        if not JOB.wait_for_exit(max(wait, 0.0)) and JOB.failure is None:
+            raise JobFailed("%s still running %.0f s after the scheduler finished"
+                            % (", ".join(r.label for r in JOB.running()), wait))
     except JobFailed as failure:
-        LOG.error("odsgd.launch: %s; ending the job", failure)
+        reason = str(failure)
         code = 1
     except KeyboardInterrupt:
-        LOG.error("odsgd.launch: interrupted; ending the job")
+        reason = "interrupted"
         code = 130
     except SystemExit as stop:  # launch.py's own Ctrl-C handler exits 0: still end the job
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
     finally:
-        JOB.end_all()
+        ended = JOB.end_all()
     if code == 0 and JOB.failure is not None:
-        LOG.error("odsgd.launch: %s", JOB.failure)
+        reason = JOB.failure
         code = 1
+    if reason is not None:
+        JOB.report_failures()
+        took = (" %.1f s after the failure" % (time.time() - JOB.failed_at)
+                if JOB.failed_at is not None else "")
+        LOG.error("odsgd.launch: %s; ended the job%s (%s)", reason, took,
+                  "ended %s" % ", ".join(ended) if ended else "no other process was left")
+    else:
+        JOB.wait_for_output()
     return code
 
 

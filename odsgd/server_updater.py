@@ -1,20 +1,47 @@
 """What the parameter servers run: the global optimizer, wrapped so that the workers can
-change its learning rate while it keeps its states.
+change its learning rate, save and load its states, and use a control key, while it keeps its
+states.
 
 MXNet's servers accept exactly one command from a worker: a pickled optimizer, which replaces
 their updater (and with it every optimizer state). `ServerOptimizer` keeps the states itself,
-keyed by parameter, so a replacement loses nothing; `learning_rate_command` pickles to a call
-that changes the rate of the server's running `ServerOptimizer` and hands that same object back.
+keyed by parameter, so a replacement loses nothing. Each command below pickles to a call that
+acts on this server process (changes the rate, writes or reads the states, ...) and hands the
+running `ServerOptimizer` back, which the server installs again.
+
+Besides the parameters, `ServerOptimizer` knows two kinds of rounds that are not SGD steps:
+
+* rounds of a *control key* (registered by `control_key_command`): the server stores the sum of
+  the workers' pushes as it is, which makes the key a small all-reduce (used by
+  `DistODSGD.equal_steps` and the step check at exit);
+* *probe* rounds (announced by `probe_command`): the next completed round of every parameter
+  after the announcement is not applied. Workers push zeros in it to learn, without changing
+  the model, whether another worker is still pushing real steps (kvstore.py, `_control_round`).
+
+A command that fails on a server (e.g. a checkpoint file it cannot read) ends that server with
+exit code 1 and a message, so that `odsgd.launch` ends the job and shows it, instead of a
+worker waiting forever.
 
 This module is unpickled on the servers while `import mxnet` is still running there (the server
-loop starts inside it), so it imports only `mxnet.optimizer`, which is ready by then.
+loop starts inside it), so it imports only `mxnet.optimizer` and `mxnet.ndarray`, which are
+ready by then.
 """
+import gc
+import os
 import pickle
+import sys
+import traceback
 
 from mxnet.optimizer import Optimizer
 
 #: The ServerOptimizer this server process runs (None on workers).
 _RUNNING = None
+#: Server-side ids of the control keys: their rounds store the sum of the pushes.
+_CONTROL_KEYS = set()
+#: Newest probe announced by a worker, and per parameter the probe whose round was skipped.
+_PROBE = 0
+_PROBED = {}
+#: Version of the server states file written by `save_states_command`.
+STATES_FORMAT = 1
 
 
 class ServerOptimizer(Optimizer):
@@ -61,6 +88,8 @@ class ServerOptimizer(Optimizer):
 
     def create_state_multi_precision(self, index, weight):
         # A new Updater (after a command) asks again: give back the state it had.
+        if index in _CONTROL_KEYS:
+            return None
         if index not in self.states:
             self.states[index] = self.optimizer.create_state_multi_precision(index, weight)
         return self.states[index]
@@ -69,10 +98,136 @@ class ServerOptimizer(Optimizer):
         return self.create_state_multi_precision(index, weight)
 
     def update(self, index, weight, grad, state):
-        self.optimizer.update(index, weight, grad, state)
+        self._update(self.optimizer.update, index, weight, grad, state)
 
     def update_multi_precision(self, index, weight, grad, state):
-        self.optimizer.update_multi_precision(index, weight, grad, state)
+        self._update(self.optimizer.update_multi_precision, index, weight, grad, state)
+
+    @staticmethod
+    def _update(apply, index, weight, grad, state):
+        """`apply` on the parameters among `index` (one key, or a list when MXNet's Updater
+        aggregates), after control-key and probe rounds are taken out."""
+        if not isinstance(index, (list, tuple)):
+            if not _round_handled(index, weight, grad):
+                apply(index, weight, grad, state)
+            return
+        kept = [i for i, key in enumerate(index) if not _round_handled(key, weight[i], grad[i])]
+        if kept:
+            apply([index[i] for i in kept], [weight[i] for i in kept],
+                  [grad[i] for i in kept], [state[i] for i in kept])
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def get_states(self):
+        """This server's states (NumPy) and the global optimizer's update counts (which its
+        learning-rate schedule reads), picklable."""
+        optimizer = self.optimizer
+        return {"format": STATES_FORMAT,
+                "states": {key: _to_numpy(value) for key, value in self.states.items()},
+                "num_update": optimizer.num_update,
+                "index_update_counts": {device: dict(counts) for device, counts in
+                                        getattr(optimizer, "_all_index_update_counts",
+                                                {0: optimizer._index_update_count}).items()}}
+
+    def set_states(self, saved):
+        if saved.get("format") != STATES_FORMAT:
+            raise ValueError("server states file format %r, expected %r"
+                             % (saved.get("format"), STATES_FORMAT))
+        self.states = {key: _from_numpy(value) for key, value in saved["states"].items()}
+        optimizer = self.optimizer
+        optimizer.num_update = saved["num_update"]
+        counts = {device: dict(c) for device, c in saved["index_update_counts"].items()}
+        if hasattr(optimizer, "_all_index_update_counts"):
+            optimizer._all_index_update_counts = counts
+            optimizer._index_update_count = counts.setdefault(0, {})
+        else:
+            optimizer._index_update_count = counts.get(0, {})
+
+
+def _round_handled(key, weight, grad):
+    """True when the round of `key` is a control-key round (the sum is stored) or the probe
+    round of a parameter (nothing is applied)."""
+    if key in _CONTROL_KEYS:
+        weight[:] = grad
+        return True
+    if _PROBED.get(key, 0) < _PROBE:
+        _PROBED[key] = _PROBE
+        return True
+    return False
+
+
+def _to_numpy(value):
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_numpy(v) for v in value)
+    return ("ndarray", value.asnumpy())
+
+
+def _from_numpy(value):
+    from mxnet import ndarray
+    if value is None:
+        return None
+    if isinstance(value, tuple) and len(value) == 2 and value[0] == "ndarray":
+        return ndarray.array(value[1], dtype=value[1].dtype)
+    return type(value)(_from_numpy(v) for v in value)
+
+
+class _StoreSum(Optimizer):
+    """What a server does without an optimizer (it stores the sum of the pushes), for a command
+    that arrives before the first kv.set_optimizer."""
+
+    def create_state(self, index, weight):
+        return None
+
+    def update(self, index, weight, grad, state):
+        if isinstance(index, (list, tuple)):
+            for w, g in zip(weight, grad):
+                w[:] = g
+        else:
+            weight[:] = grad
+
+    update_multi_precision = update
+
+
+def _installed():
+    """The optimizer a command hands back to the server, which installs it (again)."""
+    return _RUNNING if _RUNNING is not None else _StoreSum()
+
+
+def _fail(what):
+    """Ends this server with a message: a failed command must not leave the job waiting."""
+    sys.stderr.write("odsgd server: %s failed:\n%s" % (what, traceback.format_exc()))
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(1)
+
+
+def _server_rank():
+    """This server's ps-lite rank (which part of each sliced array it holds)."""
+    server_module = sys.modules.get("mxnet.kvstore.kvstore_server")
+    server_class = getattr(server_module, "KVStoreServer", None)
+    for obj in gc.get_objects():
+        if server_class is not None and isinstance(obj, server_class):
+            return obj.kvstore.rank
+    raise RuntimeError("no KVStoreServer in this process: not a parameter server")
+
+
+# -- commands ------------------------------------------------------------------------------
+class _Command(object):
+    """Pickles to `function(*args)`, which runs on each server when it unpickles the command
+    and returns the optimizer the server installs."""
+
+    def __init__(self, function, *args):
+        self.function = function
+        self.args = args
+
+    def __reduce__(self):
+        return (self.function, self.args)
+
+
+def _command(function, *args):
+    # A str, as MXNet's set_optimizer sends it (pickle protocol 0 is ASCII).
+    return pickle.dumps(_Command(function, *args), 0).decode("ascii")
 
 
 def _apply_learning_rate(lr):
@@ -85,15 +240,82 @@ def _apply_learning_rate(lr):
     return _RUNNING
 
 
-class _LearningRateCommand(object):
-    def __init__(self, lr):
-        self.lr = float(lr)
-
-    def __reduce__(self):
-        return (_apply_learning_rate, (self.lr,))
-
-
 def learning_rate_command(lr):
-    """The body of the command that sets the servers' learning rate to `lr` (a str, as
-    MXNet's set_optimizer sends: pickle protocol 0 is ASCII)."""
-    return pickle.dumps(_LearningRateCommand(lr), 0).decode("ascii")
+    """The body of the command that sets the servers' learning rate to `lr`."""
+    return _command(_apply_learning_rate, float(lr))
+
+
+def _register_control_key(key):
+    _CONTROL_KEYS.add(key)
+    return _installed()
+
+
+def control_key_command(key):
+    """The body of the command that makes `key` (the server-side int id) a control key."""
+    return _command(_register_control_key, int(key))
+
+
+def _start_probe(probe):
+    global _PROBE
+    _PROBE = max(_PROBE, probe)
+    return _installed()
+
+
+def probe_command(probe):
+    """The body of the command that announces probe round number `probe` (1, 2, ...): the next
+    completed round of every parameter is not applied."""
+    return _command(_start_probe, int(probe))
+
+
+def server_states_path(pattern, rank):
+    """File of server `rank` for a pattern with one %d (e.g. 'ckpt.states.server%d')."""
+    return pattern % rank
+
+
+def _save_states(pattern):
+    what = "saving the optimizer states to %r" % (pattern,)
+    try:
+        if _RUNNING is None:
+            raise RuntimeError("no optimizer on this server: call kv.set_optimizer first")
+        rank = _server_rank()
+        path = server_states_path(pattern, rank)
+        what = "server rank %d, saving the optimizer states to %s" % (rank, path)
+        saved = _RUNNING.get_states()
+        saved["server_rank"] = rank
+        temporary = path + ".tmp"
+        with open(temporary, "wb") as f:
+            pickle.dump(saved, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(temporary, path)
+    except Exception:  # noqa: BLE001 - reported, then the server ends
+        _fail(what)
+    return _RUNNING
+
+
+def save_states_command(pattern):
+    """The body of the command that makes every server write its ServerOptimizer states to
+    `pattern % server_rank`."""
+    return _command(_save_states, str(pattern))
+
+
+def _load_states(pattern):
+    what = "loading the optimizer states from %r" % (pattern,)
+    try:
+        if _RUNNING is None:
+            raise RuntimeError("no optimizer on this server: call kv.set_optimizer first")
+        rank = _server_rank()
+        path = server_states_path(pattern, rank)
+        what = "server rank %d, loading the optimizer states from %s" % (rank, path)
+        with open(path, "rb") as f:
+            saved = pickle.load(f)
+        if saved.get("server_rank", rank) != rank:
+            raise ValueError("the file holds server rank %d's states" % saved["server_rank"])
+        _RUNNING.set_states(saved)
+    except Exception:  # noqa: BLE001 - reported, then the server ends
+        _fail(what)
+    return _RUNNING
+
+
+def load_states_command(pattern):
+    """The body of the command that makes every server read its ServerOptimizer states from
+    `pattern % server_rank`."""
+    return _command(_load_states, str(pattern))

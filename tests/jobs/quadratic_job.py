@@ -27,6 +27,10 @@ def parse_args(argv=None):
     p.add_argument("--lr-factor-step", type=int, default=0,
                    help="FactorScheduler(step, factor=0.5) on the global optimizer")
     p.add_argument("--out", required=True)
+    p.add_argument("--save-prefix", help="odsgd.save_checkpoint after the last step (gluon)")
+    p.add_argument("--resume-prefix", help="odsgd.load_checkpoint before the first step, "
+                   "which is then step --first-step (gluon)")
+    p.add_argument("--first-step", type=int, default=0)
     # store settings (None: environment / defaults)
     p.add_argument("--local-optimizer")
     p.add_argument("--local-lr", type=float)
@@ -70,8 +74,10 @@ def run_gluon(args, kv):
     net.weight.set_data(mx.nd.array(weight))
     net.bias.set_data(mx.nd.array(bias))
     trainer = mx.gluon.Trainer(net.collect_params(), "sgd", optimizer_params(args), kvstore=kv)
+    if args.resume_prefix:
+        odsgd.load_checkpoint(trainer, args.resume_prefix)
     local_w, local_b, lrs = [], [], []
-    for step in range(args.steps):
+    for step in range(args.first_step, args.steps):
         if step == args.lr_change_step:
             trainer.set_learning_rate(args.lr_change_to)
         X, Y = problem.batch(kv.rank, step)
@@ -85,6 +91,8 @@ def run_gluon(args, kv):
         local_w.append(net.weight.data(contexts[-1]).asnumpy())
         local_b.append(net.bias.data(contexts[-1]).asnumpy())
         lrs.append(trainer.learning_rate)
+    if args.save_prefix:
+        odsgd.save_checkpoint(trainer, args.save_prefix)
     # The newest global weights: W_T, after every worker's last push.
     if args.kvstore == "dist_odsgd":
         odsgd.load_global_weights(trainer)

@@ -1,0 +1,100 @@
+"""Checkpoints of a dist_odsgd job that resume exactly: a job that runs k steps, saves, and a
+new job that loads and runs N - k more steps end with the same weights as one job of N steps.
+
+    odsgd.save_checkpoint(trainer, "ckpt/epoch3")    # every worker, after the same step
+    ...
+    odsgd.load_checkpoint(trainer, "ckpt/epoch3")    # every worker, before the first step
+
+What a dist_odsgd job's state is, and where each part goes:
+
+| part                                              | file                                  |
+|---------------------------------------------------|---------------------------------------|
+| worker r's own weights w^i (one local step off W) | `<prefix>-worker<r>.params`           |
+| worker r's local states (momentum m^i, variance   | `<prefix>-worker<r>.states`           |
+| v^i), step counts, W_t and W_{t-1}, update count  |                                       |
+| server k's global optimizer states (e.g. SGD      | `<prefix>-worker0.states.server<k>`,  |
+| momentum) and update counts                       | written by the server itself          |
+
+The servers write their own files, so in a job over several machines `<prefix>` must be on a
+file system that the servers and rank 0 share. A checkpoint loads into a job with the same
+number of workers and servers and the same parameters.
+"""
+import mxnet as mx
+
+from .kvstore import DistODSGD
+
+
+def checkpoint_files(prefix, rank):
+    """(weights file, states file) of worker `rank`."""
+    return "%s-worker%d.params" % (prefix, rank), "%s-worker%d.states" % (prefix, rank)
+
+
+def _store(trainer, what):
+    if not isinstance(trainer, mx.gluon.Trainer):
+        raise TypeError("%s needs a gluon.Trainer, got %r" % (what, type(trainer).__name__))
+    if trainer._kvstore is not None and not isinstance(trainer._kvstore, DistODSGD):
+        raise ValueError("%s is for a Trainer with kvstore='dist_odsgd'; this one uses %r"
+                         % (what, trainer._kvstore.type))
+
+
+def save_checkpoint(trainer, prefix):
+    """Saves the whole training state of this worker and, from rank 0, of the servers (see
+    the module's table). Call it on every worker after the same step. Returns the files this
+    worker wrote."""
+    _store(trainer, "save_checkpoint")
+    if not trainer._kv_initialized or trainer._params_to_init:
+        raise ValueError("save_checkpoint before the first trainer.step: there is nothing to "
+                         "save yet")
+    kv = trainer._kvstore
+    params_file, states_file = checkpoint_files(prefix, kv.rank)
+    mx.nd.waitall()
+    mx.nd.save(params_file, {param.name: param.list_data()[0] for param in trainer._params})
+    trainer.save_states(states_file)   # kv.save_optimizer_states, servers included on rank 0
+    return params_file, states_file
+
+
+def load_checkpoint(trainer, prefix):
+    """Loads what save_checkpoint wrote into a new job: the global weights W_t reach the
+    servers when the store initialises its keys from rank 0's parameters, then the states
+    of the workers and servers are loaded and each worker's parameters are set to its own
+    weights w^i. Call it on every worker after the parameters are initialised (shapes known)
+    and before the first trainer.step."""
+    _store(trainer, "load_checkpoint")
+    if trainer._kv_initialized:
+        raise ValueError("load_checkpoint must come before the first trainer.step (the servers "
+                         "take the global weights from rank 0's parameters when the store is "
+                         "created)")
+    kv = trainer._kvstore_params.get("kvstore")
+    if isinstance(kv, str) and kv.lower() == "dist_odsgd":
+        kv = mx.kv.create(kv)   # here, as the Trainer would, to read the rank first
+        trainer._kvstore_params["kvstore"] = kv
+    if not isinstance(kv, DistODSGD):
+        raise ValueError("load_checkpoint is for a Trainer with kvstore='dist_odsgd'; this one "
+                         "has kvstore=%r" % (kv,))
+    params_file, states_file = checkpoint_files(prefix, kv.rank)
+    local = mx.nd.load(params_file)
+    saved = _read_states(states_file)
+    global_weights = {key: current for key, (current, _previous)
+                      in saved["global_weights"].items()}
+    if saved.get("optimizer") is not None:
+        # What the saving job's trainer.step set; the servers get it with the optimizer.
+        trainer._optimizer.rescale_grad = saved["optimizer"].rescale_grad
+    trainer._init_kvstore()
+    for index, param in enumerate(trainer._params):
+        if param.name not in local:
+            raise ValueError("%s has no weights for parameter %r" % (params_file, param.name))
+        if index in global_weights:
+            for array in param.list_data():
+                array[:] = global_weights[index]
+    trainer._init_params()             # W_t to the servers (rank 0's values)
+    trainer.load_states(states_file)   # kv.load_optimizer_states, servers included on rank 0
+    for param in trainer._params:
+        for array in param.list_data():
+            array[:] = local[param.name].as_in_context(array.context)
+    mx.nd.waitall()
+
+
+def _read_states(states_file):
+    import pickle
+    with open(states_file, "rb") as f:
+        return pickle.load(f)

@@ -1,0 +1,385 @@
+"""Reliability of dist_odsgd jobs (issue 4): faults end the whole job quickly and loudly,
+unequal data per worker never hangs, checkpoints resume exactly, and a larger job holds.
+
+Every job runs through odsgd.launch with a deadline. A test that injects a fault kills exactly
+the process it means to, by the pid the launcher printed, and afterwards checks that no process
+of the job is left (by a string unique to the job's command line)."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from cluster import REPO, JOBS, run_job
+from test_cluster import RTOL, ATOL, simulate
+
+pytestmark = pytest.mark.timeout(300)
+
+#: the issue's bound on the time from a fault to the launcher's exit
+FAIL_FAST_SECONDS = 30
+
+
+class LiveJob(object):
+    """An odsgd.launch job that a test watches line by line while it runs.
+
+    `tag`, a string unique to this job, is in every command line of the job, which is how the
+    test finds anything left behind."""
+
+    def __init__(self, script, args, workers=2, servers=1, timeout=90, env=None, tag=None):
+        self.tag = tag or "odsgd-test-%s" % uuid.uuid4().hex
+        command = [sys.executable, "-m", "odsgd.launch", "--job-timeout", str(timeout),
+                   "-n", str(workers), "-s", str(servers), "--launcher", "local",
+                   sys.executable, os.path.join(JOBS, script)] + [str(a) for a in args]
+        if tag is None:
+            command += ["--tag", self.tag]
+        full_env = dict(os.environ, OMP_NUM_THREADS="1")
+        full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
+        full_env.update(env or {})
+        self.timeout = timeout
+        self.lines = []
+        self.changed = threading.Condition()
+        self.started_at = time.time()
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, env=full_env, cwd=REPO,
+                                        start_new_session=True, text=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            with self.changed:
+                self.lines.append(line.rstrip("\n"))
+                self.changed.notify_all()
+        with self.changed:
+            self.changed.notify_all()
+
+    @property
+    def output(self):
+        with self.changed:
+            return "\n".join(self.lines)
+
+    def wait_for(self, pattern, timeout=60):
+        """The first match of `pattern` in the output, waiting up to `timeout` seconds."""
+        regex = re.compile(pattern)
+        deadline = time.time() + timeout
+        with self.changed:
+            while True:
+                for line in self.lines:
+                    match = regex.search(line)
+                    if match:
+                        return match
+                if time.time() > deadline or (self.process.poll() is not None
+                                              and not self.reader.is_alive()):
+                    raise AssertionError("no line matches %r:\n%s"
+                                         % (pattern, "\n".join(self.lines[-60:])))
+                self.changed.wait(0.2)
+
+    def pids(self):
+        """{label: pid} of the processes the launcher started ('worker 1', 'server 0', ...)."""
+        return {m.group(1): int(m.group(2)) for m in
+                re.finditer(r"started (.+?) \(pid (\d+)\)", self.output)}
+
+    def finish(self, timeout=None):
+        """Waits for the launcher to exit; returns its exit code."""
+        try:
+            code = self.process.wait(timeout=timeout or self.timeout + 30)
+        except subprocess.TimeoutExpired:
+            self.end()
+            raise AssertionError("the launcher did not exit:\n" + self.output[-6000:])
+        self.reader.join(10)
+        return code
+
+    def leftovers(self):
+        """Processes (pid, command line) whose command line has this job's tag."""
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                with open("/proc/%s/cmdline" % entry, "rb") as f:
+                    cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+            except OSError:
+                continue
+            if self.tag in cmdline and "pytest" not in cmdline:
+                found.append((int(entry), cmdline.strip()))
+        return found
+
+    def end(self):
+        """Ends the launcher (it ends its job on SIGTERM), then any process of this job that is
+        still there, by pid."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        for pid, _ in self.leftovers():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture
+def live_jobs():
+    jobs = []
+
+    def start(*args, **kwargs):
+        job = LiveJob(*args, **kwargs)
+        jobs.append(job)
+        return job
+    yield start
+    for job in jobs:
+        job.end()
+
+
+def assert_no_leftovers(job):
+    deadline = time.time() + 5   # the kernel may take a moment to reap a killed process
+    while job.leftovers() and time.time() < deadline:
+        time.sleep(0.2)
+    assert job.leftovers() == [], "processes left behind:\n%s" % job.leftovers()
+
+
+# -- failure detection -----------------------------------------------------------------------
+@pytest.mark.parametrize("victim", ["worker 1", "server 0", "scheduler"])
+def test_killed_process_ends_the_job(live_jobs, victim):
+    """kill -9 of a worker, a server or the scheduler while training runs: the launcher ends
+    every process and exits non-zero within 30 s, naming the process and its last lines."""
+    job = live_jobs("fault_job.py", ["--sleep", "0.05"])
+    job.wait_for(r"^\[worker 1\] step 3 ")
+    pid = job.pids()[victim]
+    killed_at = time.time()
+    os.kill(pid, signal.SIGKILL)
+    code = job.finish(timeout=FAIL_FAST_SECONDS + 30)
+    took = time.time() - killed_at
+    output = job.output
+    assert code != 0, output[-3000:]
+    assert took < FAIL_FAST_SECONDS, "the launcher took %.1f s:\n%s" % (took, output[-3000:])
+    assert "%s (pid %d) was killed by signal 9 (SIGKILL)" % (victim, pid) in output
+    assert re.search(r"ended the job [\d.]+ s after the failure", output), output[-3000:]
+    if victim.startswith("worker"):
+        report = output[output.index("its last"):]
+        assert re.search(r"^    step \d+ pid %d" % pid, report, re.M), report[:2000]
+    assert_no_leftovers(job)
+
+
+def test_worker_exception_ends_the_job(live_jobs):
+    """An uncaught exception on a worker: exit code 1 at once, the traceback in the report."""
+    job = live_jobs("fault_job.py", ["--raise-at", "5"])
+    job.wait_for(r"^\[worker \d\] step 2 ")
+    started = time.time()
+    code = job.finish(timeout=FAIL_FAST_SECONDS + 30)
+    output = job.output
+    assert code != 0
+    assert time.time() - started < FAIL_FAST_SECONDS
+    assert re.search(r"worker \d \(pid \d+\) exited with code 1; its last \d+ output lines",
+                     output), output[-3000:]
+    assert "RuntimeError: injected failure at step 5" in output[output.index("its last"):]
+    assert_no_leftovers(job)
+
+
+def test_hung_worker_ends_at_job_timeout(live_jobs):
+    """A worker that hangs (here: sleeps forever) holds the others in their next pull; the
+    job ends at --job-timeout, with every process's last lines."""
+    job = live_jobs("fault_job.py", ["--hang-at", "3"], timeout=20)
+    code = job.finish(timeout=60)
+    output = job.output
+    assert code != 0
+    assert "the job ran past --job-timeout" in output
+    assert "hanging at step 3" in output[output.index("its last"):]
+    assert_no_leftovers(job)
+
+
+def test_killed_launcher_takes_its_job_along(live_jobs):
+    """kill -9 of the launcher itself: every process of the job gets SIGKILL from the kernel
+    (PR_SET_PDEATHSIG), nothing is left."""
+    job = live_jobs("fault_job.py", [])
+    job.wait_for(r"^\[worker 1\] step 3 ")
+    children = job.pids()
+    assert len(children) == 4, children
+    os.kill(job.process.pid, signal.SIGKILL)
+    job.finish(timeout=10)
+    assert_no_leftovers(job)
+
+
+# -- unequal data per worker ------------------------------------------------------------------
+def test_unequal_shards_with_equal_steps_finish_and_match(tmp_path):
+    """Shards of 3 and 5 batches, two epochs: odsgd.equal_steps makes every worker run 3 steps
+    an epoch; the job finishes and the global weights are the NumPy simulation's (the step
+    checks' probe rounds leave the model unchanged)."""
+    output = run_job("uneven_job.py", ["--out", tmp_path, "--epochs", 2, "--batches", 3,
+                                       "--extra", 2, "--rule", "equal"], timeout=90)
+    assert output.count("3 of 5 local batches") == 2
+    _, W = simulate(2, 6, 0.05, momentum=0.9, warmup_steps=2)
+    for rank in range(2):
+        result = np.load(tmp_path / ("rank%d.npz" % rank))
+        assert int(result["steps"]) == 6
+        np.testing.assert_allclose(result["global_weight"], W[0], rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(result["global_bias"], W[1], rtol=RTOL, atol=ATOL)
+
+
+def test_unequal_shards_without_the_rule_fail_clearly(live_jobs, tmp_path):
+    """Each worker runs its whole shard (3 and 5 batches): the worker that finishes first
+    finds at exit that another pushed more steps, and ends the job with the rule, instead of
+    waiting in ps-lite's finalize barrier forever."""
+    job = live_jobs("uneven_job.py", ["--out", tmp_path, "--epochs", 1, "--rule", "ignore"],
+                    timeout=90, tag=str(tmp_path))
+    code = job.finish()
+    output = job.output
+    assert code != 0
+    assert "the workers made different numbers of steps" in output, output[-3000:]
+    assert "odsgd.equal_steps(trainer, len(local_batches))" in output
+    assert time.time() - job.started_at < 60
+    assert_no_leftovers(job)
+
+
+# -- checkpoint and resume --------------------------------------------------------------------
+def test_checkpoint_resume_is_exact(tmp_path):
+    """10 steps in one job equal 6 steps + odsgd.save_checkpoint + a new job that loads it and
+    makes 4 more, in the OD phase, with global momentum 0.9, local momentum, adaptive
+    compensation and a learning-rate schedule (servers' update counts), on 2 servers."""
+    options = ["--lr", 0.05, "--momentum", 0.9, "--wd", 1e-3, "--warmup-steps", 3,
+               "--local-optimizer", "sgd", "--local-lr", 0.08, "--local-momentum", 0.5,
+               "--compensation", 0.5, "--compensation-mode", "adaptive", "--lr-factor-step", 4]
+    for name in ("whole", "first", "resumed"):
+        (tmp_path / name).mkdir()
+    prefix = str(tmp_path / "ckpt")
+    run_job("quadratic_job.py", ["--out", tmp_path / "whole", "--steps", 10] + options,
+            servers=2, timeout=90)
+    run_job("quadratic_job.py", ["--out", tmp_path / "first", "--steps", 6,
+                                 "--save-prefix", prefix] + options, servers=2, timeout=90)
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        ["whole", "first", "resumed", "ckpt-worker0.params", "ckpt-worker0.states",
+         "ckpt-worker1.params", "ckpt-worker1.states", "ckpt-worker0.states.server0",
+         "ckpt-worker0.states.server1"])
+    run_job("quadratic_job.py", ["--out", tmp_path / "resumed", "--steps", 10,
+                                 "--resume-prefix", prefix, "--first-step", 6] + options,
+            servers=2, timeout=90)
+    runs = {name: [dict(np.load(tmp_path / name / ("rank%d.npz" % r))) for r in range(2)]
+            for name in ("whole", "resumed")}
+
+    def lr_at(t):
+        return 0.05 * 0.5 ** (t // 4)
+    history, W = simulate(2, 10, 0.05, momentum=0.9, wd=1e-3, warmup_steps=3,
+                          local_optimizer="sgd", local_lr=0.08, local_momentum=0.5,
+                          local_wd=0.0, compensation=0.5, compensation_mode="adaptive",
+                          lr_at=lr_at)
+    for rank in range(2):
+        whole, resumed = runs["whole"][rank], runs["resumed"][rank]
+        np.testing.assert_allclose(whole["global_weight"], W[0], rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(whole["local_weight"], history[rank][0], rtol=RTOL,
+                                   atol=ATOL)
+        for name in ("local_weight", "local_bias"):
+            np.testing.assert_allclose(resumed[name], whole[name][6:], rtol=1e-6, atol=1e-7,
+                                       err_msg="worker %d %s" % (rank, name))
+        for name in ("global_weight", "global_bias"):
+            np.testing.assert_allclose(resumed[name], whole[name], rtol=1e-6, atol=1e-7,
+                                       err_msg="worker %d %s" % (rank, name))
+        np.testing.assert_allclose(resumed["learning_rates"], whole["learning_rates"][6:])
+
+
+# -- load -------------------------------------------------------------------------------------
+def test_eight_workers_two_servers_two_hundred_steps(tmp_path):
+    """8 workers and 2 servers on this machine, 200 steps (20 of warm-up): every worker
+    finishes and the global weights are the NumPy simulation's."""
+    started = time.time()
+    run_job("quadratic_job.py", ["--out", tmp_path, "--steps", 200, "--lr", 0.02,
+                                 "--momentum", 0.9, "--warmup-steps", 20,
+                                 "--local-optimizer", "predict"],
+            workers=8, servers=2, timeout=150)
+    took = time.time() - started
+    history, W = simulate(8, 200, 0.02, momentum=0.9, warmup_steps=20)
+    for rank in range(8):
+        result = np.load(tmp_path / ("rank%d.npz" % rank))
+        assert result["local_weight"].shape[0] == 200
+        np.testing.assert_allclose(result["global_weight"], W[0], rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(result["global_bias"], W[1], rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(result["local_weight"][-1], history[rank][0][-1],
+                                   rtol=1e-4, atol=1e-6)
+    assert took < 120, "the 8-worker job took %.0f s" % took
+
+
+# -- the servers' side, in this process -------------------------------------------------------
+def test_server_optimizer_control_probe_and_states(monkeypatch):
+    """ServerOptimizer as a server runs it: a control key stores the sum it receives, a probe
+    round leaves the weights, states and update counts alone, and get_states/set_states
+    carry momentum and update counts over to a fresh server."""
+    import mxnet as mx
+    from odsgd import server_updater as servers
+    monkeypatch.setattr(servers, "_CONTROL_KEYS", set())
+    monkeypatch.setattr(servers, "_PROBE", 0)
+    monkeypatch.setattr(servers, "_PROBED", {})
+    monkeypatch.setattr(servers, "_RUNNING", None)
+
+    def server(optimizer):   # what a server holds after unpickling the worker's command
+        import pickle
+        return pickle.loads(pickle.dumps(servers.ServerOptimizer(optimizer), 0))
+
+    running = server(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, rescale_grad=0.5))
+    assert servers._RUNNING is running
+    updater = mx.optimizer.get_updater(running)
+    weight, grad = mx.nd.ones((2, 3)), mx.nd.full((2, 3), 2.0)
+    updater(0, grad, weight)                       # momentum -0.1 * 0.5 * 2 = -0.1
+    np.testing.assert_allclose(weight.asnumpy(), 0.9, rtol=1e-6)
+
+    assert pickle_command(servers.control_key_command(7)) is running
+    table = mx.nd.zeros((2, 4), dtype="float64")
+    updater(7, mx.nd.array([[1, 1, 5, 3], [1, 1, 5, 4]], dtype="float64"), table)
+    np.testing.assert_array_equal(table.asnumpy(), [[1, 1, 5, 3], [1, 1, 5, 4]])
+
+    assert pickle_command(servers.probe_command(1)) is running
+    updater(0, mx.nd.zeros((2, 3)), weight)        # the probe round: nothing applied
+    np.testing.assert_allclose(weight.asnumpy(), 0.9, rtol=1e-6)
+    assert running.optimizer._index_update_count[0] == 1
+    updater(0, grad, weight)                       # momentum 0.9 * -0.1 - 0.1 = -0.19
+    np.testing.assert_allclose(weight.asnumpy(), 0.71, rtol=1e-6)
+
+    saved = running.get_states()
+    fresh = server(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, rescale_grad=0.5))
+    fresh.set_states(saved)
+    assert fresh.optimizer.num_update == 2
+    assert fresh.optimizer._index_update_count[0] == 2
+    fresh_updater = mx.optimizer.get_updater(fresh)
+    fresh_updater(0, grad, weight)                 # momentum 0.9 * -0.19 - 0.1 = -0.271
+    np.testing.assert_allclose(weight.asnumpy(), 0.71 - 0.271, rtol=1e-5)
+
+
+def pickle_command(body):
+    """What a server does with a command's body: unpickle it (which runs the command) and get
+    the optimizer to install."""
+    import pickle
+    return pickle.loads(body.encode("ascii"))
+
+
+def test_launcher_labels_and_exit_descriptions():
+    """How the launcher names processes: from the environment of the local launcher, from the
+    command line of the ssh and mpi launchers; and how it describes an exit."""
+    from odsgd.launch import Job, ProcessRecord
+    job = Job()
+    assert job._label({"DMLC_ROLE": "scheduler"}, "python train.py") == "scheduler"
+    assert job._label({"DMLC_ROLE": "worker", "DMLC_TASK_ID": "1",
+                       "DMLC_NUM_WORKER": "2"}, "python train.py") == "worker 1"
+    assert job._label({"DMLC_ROLE": "server", "DMLC_TASK_ID": "3",
+                       "DMLC_NUM_WORKER": "2"}, "python train.py") == "server 1"
+    ssh = ("ssh -o StrictHostKeyChecking=no node1 -p 22 'export DMLC_ROLE=server; "
+           "cd /work; python train.py'")
+    assert job._label(None, ssh) == "server 0"
+    assert job._label(None, ssh.replace("server", "worker")) == "worker 0"
+    assert job._label(None, ssh.replace("server", "worker")) == "worker 1"
+    assert job._label(None, "mpirun -n 2 -x DMLC_ROLE=worker python train.py") == "worker 2"
+    assert job._label(None, "mpirun -n 1 -env DMLC_ROLE server python t.py") == "server 1"
+
+    class Exited(object):
+        pid = 42
+    record = ProcessRecord(Exited(), "worker 1")
+    assert record.describe_exit(-9) == "worker 1 (pid 42) was killed by signal 9 (SIGKILL)"
+    assert record.describe_exit(137) == ("worker 1 (pid 42) exited with code 137 (a shell's "
+                                         "code for signal 9, SIGKILL)")
+    assert record.describe_exit(2) == "worker 1 (pid 42) exited with code 2"
