@@ -11,7 +11,7 @@ import os
 __version__ = "0.1.0"
 
 _PUBLIC = {"DistODSGD": "kvstore", "StoreType": "kvstore", "load_global_weights": "kvstore",
-           "equal_steps": "kvstore", "save_checkpoint": "checkpoint",
+           "equal_steps": "agreement", "save_checkpoint": "checkpoint",
            "load_checkpoint": "checkpoint", "ODSGDConfig": "config",
            "LocalUpdater": "local_update", "ServerOptimizer": "server_updater"}
 __all__ = sorted(_PUBLIC)

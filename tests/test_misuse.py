@@ -13,7 +13,7 @@ import time
 import pytest
 
 import odsgd
-import odsgd.kvstore
+import odsgd.environment
 from cluster import run_job, JobError
 from odsgd.config import ODSGDConfig
 from test_reliability import assert_no_leftovers, live_jobs  # noqa: F401 (a fixture)
@@ -65,7 +65,7 @@ def test_wrong_dmlc_values(clean_environment, name, value):
 def test_port_held_by_another_program(clean_environment, monkeypatch):
     """DMLC_PS_ROOT_PORT is a port where some other program listens (not a ps-lite
     scheduler): ps-lite would wait for an answer forever; the store says so at once."""
-    monkeypatch.setattr(odsgd.kvstore, "SCHEDULER_GREETING_SECONDS", 1.0)
+    monkeypatch.setattr(odsgd.environment, "SCHEDULER_GREETING_SECONDS", 1.0)
     with socket.socket() as other_program:
         other_program.bind(("127.0.0.1", 0))
         other_program.listen(4)
@@ -78,7 +78,7 @@ def test_port_held_by_another_program(clean_environment, monkeypatch):
 
 
 def test_no_scheduler_listening(clean_environment, monkeypatch):
-    monkeypatch.setattr(odsgd.kvstore, "SCHEDULER_WAIT_SECONDS", 1.0)
+    monkeypatch.setattr(odsgd.environment, "SCHEDULER_WAIT_SECONDS", 1.0)
     clean_environment(free_port())
     with pytest.raises(ValueError, match="no scheduler listens there after 1 s"):
         odsgd.DistODSGD()
