@@ -15,11 +15,11 @@ COMPENSATION_MODES = ("constant", "adaptive")
 DEFAULTS = {
     "local_optimizer": "predict",
     "local_lr": None,          # None: derived from the global optimizer (docs/env.md)
-    "local_momentum": 0.0,
+    "local_momentum": None,    # None: the global optimizer's momentum (docs/convergence.md)
     "local_wd": 0.0,
     "compensation": 0.0,
     "compensation_mode": "constant",
-    "warmup_steps": 200,
+    "warmup_steps": 0,         # no measurable gain with 'predict' (docs/convergence.md)
     "adaptive_beta": 0.95,     # the authors' adaptive variant: v = beta v + (1 - beta) g^2
     "adaptive_eps": 1e-7,
 }

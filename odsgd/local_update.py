@@ -83,10 +83,18 @@ class LocalUpdater(object):
         self._saved_optimizer_states = None
 
     # -- rates -----------------------------------------------------------------------------
+    def local_momentum(self):
+        """mu_l: the configured local momentum, else the global optimizer's (with a local
+        momentum of 0 the derived rate below made 'sgd' diverge, docs/convergence.md)."""
+        if self.config.local_momentum is not None:
+            return self.config.local_momentum
+        return getattr(self.global_optimizer, "momentum", 0.0) or 0.0
+
     def local_learning_rate(self, step):
         """lr_l for global step `step`: the local schedule or rate when given, else derived
-        from the global optimizer so that the local step is as large as the global step it
-        stands in for: lr_g * N / (1 - mu_g) * (1 - mu_l)."""
+        from the global optimizer so that the local steps, with their momentum, move as far
+        as the global steps they stand in for: lr_g * N / (1 - mu_g) * (1 - mu_l), which is
+        lr_g * N with the default mu_l = mu_g."""
         cfg = self.config
         if cfg.lr_scheduler is not None:
             return cfg.lr_scheduler(step + 1)
@@ -94,7 +102,7 @@ class LocalUpdater(object):
             return cfg.local_lr
         mu_g = getattr(self.global_optimizer, "momentum", 0.0) or 0.0
         return (global_learning_rate(self.global_optimizer, step) * self.num_workers
-                / (1.0 - mu_g) * (1.0 - cfg.local_momentum))
+                / (1.0 - mu_g) * (1.0 - self.local_momentum()))
 
     def _common(self):
         cfg = self.config
@@ -129,7 +137,7 @@ class LocalUpdater(object):
                                         **args)
             return
         args = dict(self._common(), lr=self.local_learning_rate(step),
-                    momentum=cfg.local_momentum, wd=cfg.local_wd or 0.0)
+                    momentum=self.local_momentum(), wd=cfg.local_wd or 0.0)
         if native.supports(weight.context):
             native.local_update_(weight, grad, global_weight, mom, var, **args)
         else:
