@@ -1,7 +1,10 @@
-"""Cluster job: trains an MLP (64-128-64-10) on scikit-learn's bundled digits with one kvstore
-mode and writes rank 0's results (test accuracy per epoch, samples/s) as JSON.
+"""Cluster job: trains an MLP (64-128-64-10, default) or a small CNN (--model cnn) on
+scikit-learn's bundled digits with one kvstore mode and writes rank 0's results (test accuracy
+per epoch, samples/s) as JSON.
 
-Started through odsgd.launch by odsgd.bench.compare (make demo) and the convergence study:
+Started through odsgd.launch by `make demo` (scripts/demo.py) and the convergence study
+(`python -m odsgd.bench convergence`); dist_odsgd takes its settings from the ODSGD_*
+environment (docs/env.md):
 
     python -m odsgd.launch -n 2 -s 1 --launcher local \
         python -m odsgd.bench.digits_job --kvstore dist_odsgd --json out.json
@@ -12,8 +15,12 @@ import logging
 import time
 
 import odsgd  # registers dist_odsgd; on servers it loads only the server side
-import mxnet as mx
+import mxnet as mx  # on a server or scheduler the job's server loop runs in here
 import numpy as np
+
+from odsgd.training import data as training_data
+from odsgd.training.imperative import EvaluationNet
+from odsgd.training.session import finish_queued_work_at_exit
 
 LOG = logging.getLogger("odsgd.digits")
 
@@ -28,23 +35,21 @@ def parse_args(argv=None):
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--wd", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--hidden", default="128,64")
+    p.add_argument("--model", choices=("mlp", "cnn"), default="mlp",
+                   help="mlp: Dense layers of --hidden; cnn: conv 3x3 x16, conv 3x3 x32, "
+                   "max-pool, Dense 64")
+    p.add_argument("--hidden", default="128,64", help="mlp: units of the hidden layers")
     p.add_argument("--json", help="rank 0 writes its results here")
     p.add_argument("--log-interval", type=int, default=1, help="epochs between log lines")
     return p.parse_args(argv)
 
 
-def load_digits(seed):
-    """(X_train, y_train, X_test, y_test): scikit-learn's 1797 8x8 digits, scaled to [0, 1],
-    split 80/20 with a fixed permutation (the same on every worker)."""
-    from sklearn.datasets import load_digits as sklearn_digits
-    data = sklearn_digits()
-    X = (data.data / 16.0).astype(np.float32)
-    y = data.target.astype(np.float32)
-    order = np.random.RandomState(1234).permutation(len(X))
-    X, y = X[order], y[order]
-    cut = int(0.8 * len(X))
-    return X[:cut], y[:cut], X[cut:], y[cut:]
+def load_digits(seed=None):
+    """(X_train, y_train, X_test, y_test): scikit-learn's 1797 8x8 digits, X (N, 1, 8, 8) in
+    [0, 1], split 80/20 with a fixed permutation (the same on every worker, whatever `seed`;
+    the training scripts' --digits uses the same split)."""
+    (X_train, y_train), (X_test, y_test) = training_data.load_digits()
+    return X_train, y_train.astype(np.float32), X_test, y_test.astype(np.float32)
 
 
 def shard(X, y, rank, num_workers, batch_size):
@@ -55,39 +60,58 @@ def shard(X, y, rank, num_workers, batch_size):
     return X[start:start + per_worker], y[start:start + per_worker]
 
 
-def build_net(hidden, seed):
-    mx.random.seed(seed)
+def make_net(model, hidden):
+    """The uninitialised network (10 outputs)."""
     net = mx.gluon.nn.HybridSequential()
-    for units in hidden:
-        net.add(mx.gluon.nn.Dense(units, activation="relu"))
+    if model == "cnn":
+        net.add(mx.gluon.nn.Conv2D(16, 3, padding=1, activation="relu"),
+                mx.gluon.nn.Conv2D(32, 3, padding=1, activation="relu"),
+                mx.gluon.nn.MaxPool2D(2), mx.gluon.nn.Flatten(),
+                mx.gluon.nn.Dense(64, activation="relu"))
+    else:
+        for units in hidden:
+            net.add(mx.gluon.nn.Dense(units, activation="relu"))
     net.add(mx.gluon.nn.Dense(10))
+    return net
+
+
+def build_net(model, hidden, seed):
+    """The network with `seed`'s initial weights (shapes deferred to the first batch: an
+    inference-mode forward here would reorder convolution weights for MKL-DNN, see
+    odsgd.training.networks)."""
+    mx.random.seed(seed)
+    net = make_net(model, hidden)
     net.initialize(mx.init.Xavier())
     net.hybridize()
     return net
 
 
-def accuracy(net, X, y):
-    pred = net(mx.nd.array(X)).argmax(axis=1).asnumpy()
+def accuracy(predict, X, y):
+    pred = predict(mx.nd.array(X)).argmax(axis=1).asnumpy()
     return float((pred == y).mean())
 
 
-def evaluate_global(net, trainer, kv, args, X, y):
-    """Test accuracy of the global weights (the servers'), which is what a user saves."""
+def evaluate_global(net, trainer, kv, args, X, y, evaluation):
+    """Test accuracy of the global weights (the servers'), which is what a user saves,
+    evaluated on a copy of the network (`evaluation`, see odsgd.training.imperative)."""
     if args.kvstore == "dist_odsgd":
         odsgd.load_global_weights(trainer)
     elif args.kvstore.startswith("dist"):
         for i, param in enumerate(trainer._params):
             kv.pull(i, out=param.list_data())
-    return accuracy(net, X, y)
+    evaluation.refresh(net)
+    return accuracy(evaluation.net, X, y)
 
 
 def train(args):
+    finish_queued_work_at_exit()   # before the store registers its own exit check
     kv = mx.kv.create(args.kvstore)
     rank, workers = kv.rank, kv.num_workers
     X_train, y_train, X_test, y_test = load_digits(args.seed)
     X, y = shard(X_train, y_train, rank, workers, args.batch_size)
-    net = build_net([int(h) for h in args.hidden.split(",")], args.seed)
-    net(mx.nd.zeros((1, X.shape[1])))
+    hidden = [int(h) for h in args.hidden.split(",") if h.strip()]
+    net = build_net(args.model, hidden, args.seed)
+    evaluation = EvaluationNet(lambda: make_net(args.model, hidden), [mx.cpu()], "float32")
     trainer = mx.gluon.Trainer(net.collect_params(), "sgd",
                                {"learning_rate": args.lr, "momentum": args.momentum,
                                 "wd": args.wd}, kvstore=kv)
@@ -110,7 +134,7 @@ def train(args):
             steps += 1
         total_loss = float(total_loss.asscalar()) / max(1, len(X) // args.batch_size)
         train_time += time.time() - tic
-        acc = evaluate_global(net, trainer, kv, args, X_test, y_test)
+        acc = evaluate_global(net, trainer, kv, args, X_test, y_test, evaluation)
         history.append({"epoch": epoch + 1, "test_accuracy": acc, "train_loss": total_loss,
                         "wall_time": time.time() - start})
         if rank == 0 and (epoch + 1) % args.log_interval == 0:
@@ -118,7 +142,7 @@ def train(args):
                      args.kvstore, epoch + 1, args.num_epochs, total_loss, acc,
                      time.time() - start)
     samples = steps * args.batch_size * workers
-    return {"mode": args.kvstore, "seed": args.seed, "workers": workers,
+    return {"mode": args.kvstore, "model": args.model, "seed": args.seed, "workers": workers,
             "batch_size": args.batch_size, "epochs": args.num_epochs, "steps": steps,
             "final_test_accuracy": history[-1]["test_accuracy"], "history": history,
             "train_time": train_time, "samples_per_sec": samples / train_time,

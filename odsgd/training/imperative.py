@@ -1,0 +1,175 @@
+"""The gluon.Trainer training loop (--mode imperative), as GluonCV's train_imagenet.py runs it,
+with the store's global weights evaluated and saved after each epoch."""
+import logging
+import time
+
+import mxnet as mx
+from mxnet import autograd, gluon
+
+from . import checkpoint, store
+
+LOG = logging.getLogger("odsgd.training")
+
+
+def contexts(num_gpus, first_gpu=0):
+    """mx.gpu(first_gpu .. first_gpu+num_gpus-1), or [mx.cpu()] when num_gpus is 0."""
+    return [mx.gpu(first_gpu + i) for i in range(num_gpus)] or [mx.cpu()]
+
+
+def optimizer_params(args, schedule):
+    """SGD settings of the global optimizer (what the servers run)."""
+    params = {"learning_rate": args.lr, "momentum": args.momentum, "wd": args.wd,
+              "lr_scheduler": schedule}
+    if args.dtype != "float32":
+        params["multi_precision"] = True
+    return params
+
+
+def gradient_scale(kv, batch_per_worker):
+    """The `batch_size` for trainer.step: batch x workers for synchronous stores (the global
+    update averages over every worker's samples, as Module does), else the worker's batch."""
+    return batch_per_worker * (kv.num_workers if store.is_synchronous(kv) else 1)
+
+
+def make_trainer(net, args, kv, schedule):
+    return gluon.Trainer(net.collect_params(), "sgd", optimizer_params(args, schedule),
+                         kvstore=kv)
+
+
+def new_metrics(num_classes):
+    """{'top1': accuracy, and 'top5' where there are more than 5 classes}."""
+    metrics = {"top1": mx.metric.Accuracy()}
+    if num_classes > 5:
+        metrics["top5"] = mx.metric.TopKAccuracy(5)
+    return metrics
+
+
+def _split(batch, ctx_list, dtype):
+    data = gluon.utils.split_and_load(batch.data[0].astype(dtype, copy=False), ctx_list,
+                                      batch_axis=0, even_split=False)
+    label = gluon.utils.split_and_load(batch.label[0], ctx_list, batch_axis=0,
+                                       even_split=False)
+    return data, label
+
+
+def train_epoch(net, trainer, train_iter, ctx_list, step_scale, epoch, args, lr_at):
+    """One epoch over `train_iter`; returns {'train_accuracy', 'train_loss', 'time',
+    'samples', 'steps'}. Logs speed and accuracy every --log-interval batches, with the
+    global rate `lr_at(i)` at the epoch's batch i."""
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    accuracy, mean_loss = mx.metric.Accuracy(), mx.metric.Loss()
+    train_iter.reset()
+    tic = interval_tic = time.time()
+    samples = interval_samples = 0
+    for i, batch in enumerate(train_iter):
+        data, label = _split(batch, ctx_list, args.dtype)
+        with autograd.record():
+            outputs = [net(x) for x in data]
+            losses = [loss_fn(out, y.astype(args.dtype, copy=False))
+                      for out, y in zip(outputs, label)]
+        autograd.backward(losses)
+        trainer.step(step_scale)
+        accuracy.update(label, [out.astype("float32", copy=False) for out in outputs])
+        mean_loss.update(None, losses)
+        samples += batch.data[0].shape[0]
+        interval_samples += batch.data[0].shape[0]
+        if args.log_interval and (i + 1) % args.log_interval == 0:
+            LOG.info("Epoch[%d] Batch [%d]\tSpeed: %.1f samples/sec\taccuracy=%f\tlr=%g",
+                     epoch, i + 1, interval_samples / (time.time() - interval_tic),
+                     accuracy.get()[1], lr_at(i + 1))
+            interval_tic, interval_samples = time.time(), 0
+    # The epoch's time includes its last pushes and pulls; and a worker must not end the
+    # script with them queued (MXNet's engine skips queued work at interpreter exit, and the
+    # other workers would wait for those pushes forever).
+    mx.nd.waitall()
+    return {"train_accuracy": accuracy.get()[1], "train_loss": mean_loss.get()[1],
+            "time": time.time() - tic, "samples": samples, "steps": i + 1}
+
+
+def evaluate(predict, val_iter, metrics):
+    """{metric name: value} of `predict(batch) -> outputs (NDArray on the CPU)` over
+    `val_iter`, leaving out each batch's padding."""
+    for metric in metrics.values():
+        metric.reset()
+    val_iter.reset()
+    for batch in val_iter:
+        outputs = predict(batch)
+        keep = outputs.shape[0] - (batch.pad or 0)
+        label = batch.label[0][:keep]
+        for metric in metrics.values():
+            metric.update([label], [outputs[:keep]])
+    return {name: metric.get()[1] for name, metric in metrics.items()}
+
+
+class EvaluationNet(object):
+    """A second instance of the network for evaluation, refreshed with the trained weights.
+
+    Why not evaluate the trained network itself: on CPU builds with MKL-DNN an inference-mode
+    forward reorders convolution weights in place into MKL-DNN's layout, and dist_odsgd's
+    fused local update then fails on them ("We can't generate TBlob for MKLDNN data").
+    Evaluating a copy keeps the trained arrays in the default layout. Rank 0 only."""
+
+    def __init__(self, make_net, ctx_list, dtype):
+        self.net = make_net()
+        if dtype != "float32":
+            self.net.cast(dtype)
+        self.net.initialize(ctx=ctx_list)   # every value is overwritten by refresh()
+        self.net.hybridize(static_alloc=True, static_shape=True)
+        self.ctx_list, self.dtype = ctx_list, dtype
+
+    def refresh(self, trained):
+        """Copies every parameter (weights and BatchNorm statistics) of `trained`."""
+        pairs = zip(trained.collect_params().values(), self.net.collect_params().values())
+        for source, target in pairs:
+            target.set_data(source.data())
+
+    def predict(self, batch):
+        data, _ = _split(batch, self.ctx_list, self.dtype)
+        return mx.nd.concat(*[self.net(x).astype("float32").as_in_context(mx.cpu())
+                              for x in data], dim=0)
+
+
+def epoch_report(epoch, stats, validation):
+    LOG.info("[Epoch %d] training: accuracy=%f loss=%f", epoch, stats["train_accuracy"],
+             stats["train_loss"])
+    LOG.info("[Epoch %d] speed: %.1f samples/sec\ttime cost: %.3f", epoch,
+             stats["samples"] / max(stats["time"], 1e-9), stats["time"])
+    if validation:
+        LOG.info("[Epoch %d] validation (global weights): %s", epoch,
+                 " ".join("%s=%f" % item for item in sorted(validation.items())))
+
+
+def fit(run):
+    """Trains `run.net` for epochs run.args.resume_epoch .. num_epochs-1; returns the history
+    (one dict per epoch). `run` is a session.Run."""
+    args, kv = run.args, run.kv
+    trainer = make_trainer(run.net, args, kv, run.schedule)
+    step_scale = gradient_scale(kv, run.batch_per_worker)
+    if args.resume_states:
+        # Loading states sends the optimizer to the servers before the first step, which
+        # would set its gradient scale: set it first (gluon refuses a change afterwards).
+        trainer.optimizer.rescale_grad = 1.0 / step_scale
+        checkpoint.load_trainer_states(trainer, args.resume_states, run.rank)
+    net = run.net
+    net.hybridize(static_alloc=True, static_shape=True)
+    evaluation = None
+    history, start = [], time.time()
+    for epoch in range(args.resume_epoch, args.num_epochs):
+        stats = train_epoch(net, trainer, run.train_iter, run.contexts, step_scale, epoch, args,
+                            lambda i, e=epoch: run.lr_at(e * run.steps + i))
+        validation = {}
+        if run.rank == 0:
+            store.load_global_weights(trainer, kv)
+            if run.val_iter is not None:
+                evaluation = evaluation or EvaluationNet(run.make_net, run.contexts, args.dtype)
+                evaluation.refresh(net)
+                validation = evaluate(evaluation.predict, run.val_iter,
+                                      new_metrics(run.num_classes))
+        if checkpoint.due(epoch + 1, args.num_epochs, args.save_frequency):
+            checkpoint.save_imperative(net, trainer, run.prefix, epoch + 1, run.rank,
+                                       states=store.can_save_states(kv))
+        epoch_report(epoch, stats, validation)
+        history.append(dict(stats, epoch=epoch + 1, lr=run.lr_at((epoch + 1) * run.steps),
+                            wall_time=time.time() - start,
+                            **{"val_" + k: v for k, v in validation.items()}))
+    return history

@@ -1,0 +1,94 @@
+"""The kvstore a training script asks for, and the global weights it evaluates and saves."""
+import logging
+import os
+
+import mxnet as mx
+
+import odsgd
+
+LOG = logging.getLogger("odsgd.training")
+
+
+def cluster_size(kvstore, environ=None):
+    """Number of workers of the job, known before the store exists (DMLC_NUM_WORKER, set by
+    the launcher); 1 for local stores. The schedules and the equal-steps rule need it first."""
+    if not kvstore.startswith("dist"):
+        return 1
+    environ = os.environ if environ is None else environ
+    text = environ.get("DMLC_NUM_WORKER")
+    if not text:
+        raise ValueError("--kvstore %s needs a parameter-server job: start the script with "
+                         "`python -m odsgd.launch -n WORKERS -s SERVERS --launcher local "
+                         "python SCRIPT ...`, or use --kvstore local" % kvstore)
+    return int(text)
+
+
+def odsgd_arguments(args, local_schedule=None):
+    """DistODSGD's constructor arguments from the flags; None leaves a setting to the ODSGD_*
+    environment and the defaults."""
+    params = {}
+    for flag, key in (("local_lr", "learning_rate"), ("local_momentum", "momentum"),
+                      ("local_wd", "wd")):
+        if getattr(args, flag) is not None:
+            params[key] = getattr(args, flag)
+    if local_schedule is not None:
+        params["lr_scheduler"] = local_schedule
+    return dict(local_optimizer=args.local_optimizer, local_optimizer_params=params or None,
+                compensation=args.compensation, compensation_mode=args.compensation_mode,
+                warmup_steps=args.warmup_steps)
+
+
+def create_store(args, local_schedule=None):
+    """The kvstore of --kvstore: a DistODSGD with the OD-SGD flags, or MXNet's own."""
+    if args.kvstore == "dist_odsgd":
+        return odsgd.DistODSGD(**odsgd_arguments(args, local_schedule))
+    return mx.kv.create(args.kvstore)
+
+
+def describe(kv):
+    """One line for the log."""
+    text = "kvstore %s, worker %d of %d" % (kv.type, kv.rank, kv.num_workers)
+    if isinstance(kv, odsgd.DistODSGD):
+        text += ", OD-SGD %s" % kv.config.as_dict()
+    return text
+
+
+def is_synchronous(kv):
+    """True where one global update sums every worker's gradient (dist_sync, dist_odsgd):
+    then gradients are rescaled by 1 / (batch x workers), as MXNet's Module does."""
+    return kv is not None and "dist" in kv.type and "_sync" in kv.type
+
+
+def can_save_states(kv):
+    """MXNet's dist stores keep the optimizer states on the servers and cannot save them;
+    local stores and dist_odsgd (its workers' local states) can."""
+    return kv is None or not kv.type.startswith("dist") or isinstance(kv, odsgd.DistODSGD)
+
+
+def load_global_weights(trainer, kv):
+    """Puts the servers' newest weights into the trainer's parameters (before evaluating or
+    saving). dist_odsgd: its own helper (the worker's weights are one local step ahead);
+    dist_sync/dist_async: a pull of every trained parameter; local stores: nothing to do."""
+    if kv is None or not kv.type.startswith("dist"):
+        return
+    if isinstance(kv, odsgd.DistODSGD):
+        odsgd.load_global_weights(trainer)
+        return
+    for index, param in enumerate(trainer._params):
+        if param.grad_req != "null":
+            kv.pull(index, out=param.list_data())
+    mx.nd.waitall()
+
+
+def load_global_weights_module(module, kv):
+    """As load_global_weights, for a Module."""
+    if kv is None or not kv.type.startswith("dist"):
+        return
+    if isinstance(kv, odsgd.DistODSGD):
+        odsgd.load_global_weights(module)
+        return
+    group = module._exec_group
+    for name, arrays in zip(group.param_names, group.param_arrays):
+        kv.pull(name, out=arrays)
+    module._params_dirty = True
+    mx.nd.waitall()
