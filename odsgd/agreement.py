@@ -204,6 +204,9 @@ class WorkerAgreement(object):
                 "make exactly n steps"
                 % "; ".join("worker %d made %d steps and %s" % (rank, r[_STEPS], _DOING.get(
                     int(r[_KIND]), "?")) for rank, r in enumerate(table)))
+        # The probe's pushes and pulls may still be queued: finish them here, since MXNet's
+        # exit handler drops queued engine work and the job would hang at exit.
+        mx.nd.waitall()
         return table
 
     def _check_steps_at_exit(self):

@@ -251,6 +251,14 @@ class DistODSGD(WorkerAgreement, KVStoreBase):
             raise ValueError("local_optimizer='predict' predicts an SGD step and needs the "
                              "global optimizer 'sgd', got %r; use local_optimizer='sgd' "
                              "with another global optimizer" % type(optimizer).__name__)
+        scheduler = optimizer.lr_scheduler
+        if scheduler is not None and type(scheduler).__module__.split(".")[0] == "gluoncv":
+            # The servers unpickle the optimizer while `import mxnet` is still running there;
+            # `import gluoncv` fails at that point and the job would hang.
+            raise ValueError("the global optimizer's lr_scheduler is GluonCV's %s, which the "
+                             "parameter servers cannot unpickle; use mx.lr_scheduler or "
+                             "odsgd.training.schedule (GluonCV's schedules made server-safe)"
+                             % type(scheduler).__name__)
         self._store.set_optimizer(ServerOptimizer(optimizer))
         self._global_optimizer = optimizer
         self._server_lr = optimizer.lr

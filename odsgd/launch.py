@@ -30,6 +30,7 @@ import logging
 import os
 import re
 import runpy
+import shlex
 import signal
 import subprocess
 import sys
@@ -370,19 +371,37 @@ def _mend_dmlc_tracker(launcher, deadline):
         tracker.get_host_ip = lambda host_ip=None: "127.0.0.1"
 
 
+#: launch.py's options that take a value (and ours); --p3 takes none.
+_VALUE_OPTIONS = {"-n", "--num-workers", "-s", "--num-servers", "-H", "--hostfile",
+                  "--sync-dst-dir", "--launcher", "--env-server", "--env-worker", "--env",
+                  "--job-timeout"}
+
+
+def split_command(argv):
+    """(launcher options, the training command): the command starts at the first argument
+    that is neither an option nor an option's value."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("-"):
+            break
+        i += 2 if (arg in _VALUE_OPTIONS and "=" not in arg) else 1
+    return argv[:i], argv[i:]
+
+
 def parse_own_options(argv):
-    """Splits off this wrapper's own options (before the command); the rest goes to
-    launch.py unchanged."""
+    """Splits off this wrapper's own options (before the command). The training command goes
+    to launch.py as one quoted argument: launch.py parses with parse_known_args, which would
+    otherwise take the command's own -n, --num-workers, --env... for itself."""
+    options, command = split_command(argv)
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--job-timeout", type=float, default=None)
-    own, rest = parser.parse_known_args(argv)
-    launcher = "ssh"
-    for i, arg in enumerate(rest):
-        if arg == "--launcher" and i + 1 < len(rest):
-            launcher = rest[i + 1]
-        elif arg.startswith("--launcher="):
-            launcher = arg.split("=", 1)[1]
-    return own, launcher, rest
+    parser.add_argument("--launcher", default="ssh")
+    own, rest = parser.parse_known_args(options)
+    rest += ["--launcher", own.launcher]
+    if command:
+        rest.append(" ".join(shlex.quote(part) for part in command))
+    return own, own.launcher, rest
 
 
 def main(argv=None):
