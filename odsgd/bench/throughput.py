@@ -257,7 +257,9 @@ def main(argv=None):
         return 1
     print_table(runs)
     with open(args.json, "w") as f:
-        json.dump({"command": " ".join(sys.argv), "runs": runs}, f, indent=1)
+        command = "python -m odsgd.bench throughput " + " ".join(
+            sys.argv[2:] if argv is None else list(argv))
+        json.dump({"command": command, "runs": runs}, f, indent=1)
     plot_path = args.plot or os.path.splitext(args.json)[0] + ".png"
     plot(runs, plot_path)
     print("\nwrote %s and %s" % (args.json, plot_path))
