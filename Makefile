@@ -30,7 +30,8 @@ test: $(STAMP)
 	$(PY) -m pytest -q tests
 
 bench: $(STAMP)
-	$(PY) -m odsgd.bench throughput
+	$(PY) -m odsgd.bench throughput --batch-size 1024 --bandwidth-mbit 2000,4000,6000,0 \
+		--repeats 3 --steps 30 --skip 8 --json results/throughput_mlp.json
 
 clean:
 	rm -rf $(VENV) odsgd/lib build *.egg-info
