@@ -11,7 +11,7 @@ import os
 __version__ = "0.1.0"
 
 _PUBLIC = {"DistODSGD": "kvstore", "StoreType": "kvstore", "load_global_weights": "kvstore",
-           "equal_steps": "agreement", "save_checkpoint": "checkpoint",
+           "equal_steps": "kvstore", "save_checkpoint": "checkpoint",
            "load_checkpoint": "checkpoint", "ODSGDConfig": "config",
            "LocalUpdater": "local_update", "ServerOptimizer": "server_updater"}
 __all__ = sorted(_PUBLIC)
@@ -30,4 +30,6 @@ if os.environ.get("DMLC_ROLE") not in ("server", "scheduler"):
     from . import native
     native.load()
     from .kvstore import DistODSGD, StoreType, equal_steps, load_global_weights  # noqa: F401,E402
+    from . import trainer_hook
+    trainer_hook.install()
     from .checkpoint import load_checkpoint, save_checkpoint  # noqa: F401,E402

@@ -1,10 +1,13 @@
-"""What every worker of a job must agree on, checked collectively through the store:
-the same parameter shapes (before a key is initialised) and the same number of steps (the
-equal-steps rule: `equal_steps` at each epoch, and a check at exit). Without these checks
-ps-lite aborts a worker, or the job waits forever (docs/reliability.md).
+"""What every worker of a job must agree on, checked collectively through the store: the same
+parameter shapes (before a key is initialised), the same fusion plan, and the same number of
+steps (the equal-steps rule: `equal_steps` at each epoch, and a check at exit). Without these
+checks ps-lite aborts a worker, or the job waits forever (docs/reliability.md).
 
-`WorkerAgreement` is a mixin of DistODSGD: it uses the store's `_store` (MXNet's dist store),
-`_buffers`, `_global_optimizer`, `rank` and `num_workers`."""
+`WorkerAgreement` is given the DistODSGD store it checks for; it uses the store's MXNet dist
+store (`raw`), `rank`, `num_workers`, its global step count and its active key groups. The
+keys it creates are server keys of the store's own range (odsgd/key_groups.py), which never
+shift what the servers' optimizer looks up.
+"""
 import atexit
 import os
 import sys
@@ -15,37 +18,29 @@ import mxnet as mx
 import numpy as np
 
 from . import server_updater as servers
+from .key_groups import CONTROL_KEY, GROUP_KEY_BASE, SIGNATURE_KEY_BASE
 
 # MXNet's own kController command id: the servers unpickle its body as an optimizer.
 OPTIMIZER_COMMAND = 0
 
-# The step check's control key: a (num_workers, _COLUMNS) float64 table, one row per rank.
-_CONTROL_INT_KEY = 99991          # int-key stores (gluon); 99991 * 9973 < 2**31 (ps-lite)
-_CONTROL_STR_KEY = "__odsgd_control__"
+# The control key: a (num_workers, _COLUMNS) table, one row per rank. The servers keep
+# every value as float32, exact for integers below 2**24 (step counts, batch counts).
 _COLUMNS = 4
 _PRESENT, _KIND, _STEPS, _VALUE = range(_COLUMNS)
 _EPOCH, _EXIT = 1, 2
 _DOING = {_EPOCH: "starts an epoch", _EXIT: "is exiting"}
 #: seconds a probe round may complete before the control round does (message latency only)
 _PROBE_WINDOW = 10.0
+#: seconds a worker that never made a step waits at exit for the others (see _exit_round)
+IDLE_EXIT_WAIT = 30.0
 
-
-# Shape signatures (_check_same_shape): float64 [ndim, dtype code, dims..., 0 padding].
+# Signatures (check_same): float64 [ndim, dtype code, dims..., 0 padding].
 _SIGNATURE_SLOTS = 2 + 8
-_SIGNATURE_INT_BASE = 100000      # int key k -> 100000 + k (k < 115000, ps-lite's key bound)
-_SIGNATURE_STR_PREFIX = "__odsgd_shape__"
 _DTYPES = ("float32", "float64", "float16", "uint8", "int8", "int32", "int64", "bool")
+_SIGNATURE_LIMIT = GROUP_KEY_BASE - SIGNATURE_KEY_BASE
 
 
-def _signature_key(key):
-    if isinstance(key, str):
-        return _SIGNATURE_STR_PREFIX + key
-    if 0 <= key < 115000:
-        return _SIGNATURE_INT_BASE + key
-    return None
-
-
-def _signature(value):
+def shape_signature(value):
     shape = tuple(value.shape)
     dtype = np.dtype(value.dtype).name
     signature = np.zeros(_SIGNATURE_SLOTS, dtype="float64")
@@ -55,201 +50,174 @@ def _signature(value):
     return signature
 
 
-def _describe_signature(signature):
+def describe_shape_signature(signature):
     ndim, code = int(signature[0]), int(signature[1])
     dtype = _DTYPES[code - 1] if 0 < code <= len(_DTYPES) else "another dtype"
     return "%s %s" % (tuple(int(d) for d in signature[2:2 + min(ndim, 8)]), dtype)
 
 
+class StepCountError(ValueError):
+    """The workers made different numbers of steps."""
+
+
 class WorkerAgreement(object):
-    """Collective checks of DistODSGD (see the module's docstring)."""
+    """Collective checks of one DistODSGD store (see the module's docstring). Made when the
+    store is made, on every worker: it creates the control key and registers the exit check
+    then, so that a worker that never makes a step takes part in them too."""
+
+    def __init__(self, store):
+        self.store = store
+        self.raw = store.raw
+        self._signatures = 0
+        self._probe = 0
+        self._scratch = {}
+        self._done_at_exit = False
+        self.raw._send_command_to_servers(OPTIMIZER_COMMAND,
+                                          servers.control_key_command(CONTROL_KEY))
+        shape = (store.num_workers, _COLUMNS)
+        self.raw.init(CONTROL_KEY, mx.nd.zeros(shape, dtype="float64"))
+        self._send = mx.nd.zeros(shape, dtype="float64")
+        self._recv = mx.nd.zeros(shape, dtype="float64")
+        atexit.register(self._check_steps_at_exit)
 
     # -- same model on every worker --------------------------------------------------------
-    def _check_same_shape(self, key, value):
-        """Collective, before `key` is initialised: raises ValueError naming the key when this
-        worker's array differs in shape or dtype from rank 0's, which initialises the
-        servers. Without it ps-lite aborts the worker in the first pull ("Check failed:
-        vals->size() == total_val"). Rank 0 publishes its signature through a small key of
-        its own (one init, which is a barrier, and one pull per key, once)."""
-        signature_key = _signature_key(key)
-        if signature_key is None:
-            return
-        mine = _signature(value)
-        self._store.init(signature_key, mx.nd.array(mine, dtype="float64"))
-        if isinstance(signature_key, str):   # numbered by MXNet too (see _arm_step_check)
-            self._string_keys_of_odsgd = getattr(self, "_string_keys_of_odsgd", 0) + 1
+    def check_same(self, mine, describe, what):
+        """Collective: compares this worker's float64 vector `mine` with rank 0's, which rank 0
+        publishes through a fresh key of the store's own (one init, which is a barrier, and one
+        pull). Raises ValueError `what(mine_text, rank0_text)` on a difference."""
+        if self._signatures >= _SIGNATURE_LIMIT:
+            return    # more keys than the signature range holds: checked the first ones
+        key = SIGNATURE_KEY_BASE + self._signatures
+        self._signatures += 1
+        mine = np.asarray(mine, dtype="float64")
+        self.raw.init(key, mx.nd.array(mine, dtype="float64"))
         theirs = mx.nd.zeros(mine.shape, dtype="float64")
-        self._store.pull(signature_key, out=theirs)
+        self.raw.pull(key, out=theirs)
         theirs = theirs.asnumpy()
         if not (theirs == mine).all():
-            raise ValueError(
-                "parameter shapes differ between workers: key %r is %s on worker %d but %s on "
-                "rank 0; every worker must build the same model"
-                % (key, _describe_signature(mine), self.rank, _describe_signature(theirs)))
+            raise ValueError(what(describe(mine), describe(theirs)))
+
+    def check_same_shape(self, key, value):
+        """Before `key` is initialised: ValueError naming the key when this worker's array
+        differs in shape or dtype from rank 0's, which initialises the servers. Without it
+        ps-lite aborts the worker in the first pull ("Check failed: vals->size() ==
+        total_val")."""
+        rank = self.store.rank
+        self.check_same(
+            shape_signature(value), describe_shape_signature,
+            lambda mine, theirs: "parameter shapes differ between workers: key %r is %s on "
+            "worker %d but %s on rank 0; every worker must build the same model"
+            % (key, mine, rank, theirs))
 
     # -- equal step counts -----------------------------------------------------------------
     def equal_steps(self, local_batches):
-        """Returns the number of steps every worker makes this epoch: the smallest
-        `local_batches` over the workers. A collective call: every worker calls it at the
-        start of every epoch and then makes exactly that many steps (pushpull per key),
-        dropping its extra batches. `odsgd.equal_steps(trainer, n)` calls it for a Trainer.
-
-        It also checks that every worker has made the same number of steps so far, and from
-        its first call on, checks the same at exit: a worker that makes more or fewer steps
-        than the others ends with a ValueError naming the rule instead of leaving the job
-        waiting for its pushes forever (docs/reliability.md)."""
+        """The number of steps every worker makes this epoch: the smallest `local_batches` over
+        the workers (see DistODSGD.equal_steps)."""
         if isinstance(local_batches, bool) or not isinstance(local_batches, int) or \
                 local_batches < 0:
             raise ValueError("equal_steps needs this worker's number of batches, an int >= 0, "
                              "got %r" % (local_batches,))
-        self._arm_step_check()
         table = self._control_round(_EPOCH, local_batches)
         return int(min(row[_VALUE] for row in table))
 
-    def _local_steps(self):
-        return max([b.step for b in self._buffers.values()] or [0])
+    def _probe_groups(self):
+        """The key groups whose rounds another worker may be waiting in."""
+        if self.store.global_optimizer is None:
+            return []   # zeros pushed without the server optimizer would be stored as weights
+        return self.store.active_groups()
 
-    def _arm_step_check(self, string_keys=None):
-        """Makes the control key (a collective init, once) and registers the exit check.
-        `string_keys`: whether the store's keys are strings (Module) or ints (gluon); None:
-        read from the keys initialised so far."""
-        if getattr(self, "_control", None) is not None:
-            return
-        user_keys = list(self._buffers)
-        if string_keys is None:
-            if not user_keys:
-                raise ValueError("equal_steps needs to know the store's keys: pass the "
-                                 "gluon.Trainer or Module (odsgd.equal_steps(trainer, n)), or "
-                                 "call it after kv.init")
-            string_keys = isinstance(user_keys[0], str)
-        if string_keys:
-            # MXNet numbers string keys in the order they are initialised, from 0: the
-            # parameters' and the shape checks' keys come first.
-            key = _CONTROL_STR_KEY
-            server_id = len(user_keys) + getattr(self, "_string_keys_of_odsgd", 0)
-        else:
-            key = server_id = _CONTROL_INT_KEY
-        if key in self._buffers:
-            raise ValueError("key %r is reserved by dist_odsgd's step check" % (key,))
-        self._store._send_command_to_servers(OPTIMIZER_COMMAND,
-                                             servers.control_key_command(server_id))
-        shape = (self.num_workers, _COLUMNS)
-        self._store.init(key, mx.nd.zeros(shape, dtype="float64"))
-        self._control = {"key": key, "send": mx.nd.zeros(shape, dtype="float64"),
-                         "recv": mx.nd.zeros(shape, dtype="float64"), "probe": 0,
-                         "scratch": {}}
-        atexit.register(self._check_steps_at_exit)
-
-    def _control_round(self, kind, value):
+    def _control_round(self, kind, value, wait=None):
         """One all-reduce of (kind, steps made, value) over the workers, through the control
         key; returns the table (one row per rank) when every worker is at the same point.
 
         A worker that is further on cannot join the round: it waits for this worker's next
         push. So each worker first pushes its control row and then a *probe*: zeros for every
-        parameter, in a round the servers do not apply. When the others are here too, both
+        parameter key, in a round the servers do not apply. When the others are here too, both
         rounds complete together. When the parameters' round completes but the control round
         does not within _PROBE_WINDOW seconds, another worker pushed a real step instead:
-        the step counts differ, and this raises ValueError instead of hanging."""
-        control = self._control
+        the step counts differ, and this raises StepCountError instead of hanging. `wait`:
+        seconds after which a control round that has not completed raises StepCountError
+        (None: no limit)."""
+        rank = self.store.rank
         mx.nd.waitall()   # this worker's pushes are all applied: the next round is the probe
-        steps = self._local_steps()
-        # Zeros pushed without the server optimizer would be stored as the weights.
-        keys = list(self._buffers) if self._global_optimizer is not None else []
-        for key in keys:
-            if key not in control["scratch"]:
-                control["scratch"][key] = self._buffers[key].current.copy()
-        if keys:
-            control["probe"] += 1
-            self._store._send_command_to_servers(OPTIMIZER_COMMAND,
-                                                 servers.probe_command(control["probe"]))
-        row = control["send"]
-        row[:] = 0
-        row[self.rank] = mx.nd.array([1, kind, steps, value], dtype="float64")
-        self._store.push(control["key"], row)
-        self._store.pull(control["key"], out=control["recv"])
-        for key in keys:
-            send = self._buffers[key].send
-            send[:] = 0
-            self._store.push(key, send)
-            self._store.pull(key, out=control["scratch"][key])
+        steps = self.store.global_step
+        groups = self._probe_groups()
+        if groups:
+            self._probe += 1
+            self.raw._send_command_to_servers(OPTIMIZER_COMMAND,
+                                              servers.probe_command(self._probe))
+        self._send[:] = 0
+        self._send[rank] = mx.nd.array([1, kind, steps, value], dtype="float64")
+        self.raw.push(CONTROL_KEY, self._send)
+        self.raw.pull(CONTROL_KEY, out=self._recv)
+        scratches = []
+        for group in groups:
+            group.send[:] = 0
+            self.raw.push(group.server_key, group.send)
+            scratch = group.scratch_buffer()
+            self.raw.pull(group.server_key, out=scratch)
+            scratches.append(scratch)
 
         done = {"control": threading.Event(), "probe": threading.Event()}
 
-        def wait(arrays, event):
+        def finish(arrays, event):
             for array in arrays:
                 array.wait_to_read()
             event.set()
-        for name, arrays in (("control", [control["recv"]]),
-                             ("probe", [control["scratch"][k] for k in keys])):
-            threading.Thread(target=wait, args=(arrays, done[name]), daemon=True).start()
+        for name, arrays in (("control", [self._recv]), ("probe", scratches)):
+            threading.Thread(target=finish, args=(arrays, done[name]), daemon=True).start()
+        started = time.time()
         probe_done_at = None
         while not done["control"].wait(0.05):
-            if probe_done_at is None and done["probe"].is_set():
+            if probe_done_at is None and groups and done["probe"].is_set():
                 probe_done_at = time.time()
             if probe_done_at is not None and time.time() - probe_done_at > _PROBE_WINDOW:
-                raise ValueError(
+                raise StepCountError(
                     "dist_odsgd: worker %d has made %d steps and %s, but another worker has "
                     "pushed step %d: the workers made different numbers of steps (e.g. shards "
                     "of different length). Every worker must make the same number of steps per "
                     "epoch: call n = odsgd.equal_steps(trainer, len(local_batches)) at the start "
                     "of each epoch and make exactly n steps"
-                    % (self.rank, steps, _DOING[kind], steps + 1))
-        table = control["recv"].asnumpy()
+                    % (rank, steps, _DOING[kind], steps + 1))
+            if wait is not None and time.time() - started > wait:
+                raise StepCountError(
+                    "dist_odsgd: worker %d has made %d steps and %s, and the other workers have "
+                    "not come to the same point within %.0f s: they are waiting for this "
+                    "worker's steps (a worker with an empty shard, or a loop that stopped "
+                    "early). Every worker must make the same number of steps per epoch: call "
+                    "n = odsgd.equal_steps(trainer, len(local_batches)) at the start of each "
+                    "epoch and make exactly n steps" % (rank, steps, _DOING[kind], wait))
+        table = self._recv.asnumpy()
         if not all(table[:, _PRESENT] == 1) or len(set(table[:, _KIND])) > 1 or \
                 len(set(table[:, _STEPS])) > 1:
-            raise ValueError(
+            raise StepCountError(
                 "dist_odsgd: the workers made different numbers of steps: %s. Every worker "
                 "must make the same number of steps per epoch: call n = "
                 "odsgd.equal_steps(trainer, len(local_batches)) at the start of each epoch and "
                 "make exactly n steps"
-                % "; ".join("worker %d made %d steps and %s" % (rank, r[_STEPS], _DOING.get(
-                    int(r[_KIND]), "?")) for rank, r in enumerate(table)))
+                % "; ".join("worker %d made %d steps and %s" % (r, row[_STEPS], _DOING.get(
+                    int(row[_KIND]), "?")) for r, row in enumerate(table)))
         # The probe's pushes and pulls may still be queued: finish them here, since MXNet's
         # exit handler drops queued engine work and the job would hang at exit.
         mx.nd.waitall()
         return table
 
     def _check_steps_at_exit(self):
-        """At interpreter exit (after equal_steps armed it): every worker must have made the
-        same number of steps; otherwise end with exit code 1 and the reason, where MXNet would
-        wait in ps-lite's finalize barrier forever."""
+        """At interpreter exit: every worker must have made the same number of steps;
+        otherwise end with exit code 1 and the reason, where MXNet would wait in ps-lite's
+        finalize barrier forever.
+
+        A worker that made no step and holds no parameter key cannot probe: the others,
+        if they made steps, wait in a barrier or a round for it and never reach their exit.
+        It waits IDLE_EXIT_WAIT seconds for them, then ends with the reason."""
+        if self._done_at_exit:
+            return
+        self._done_at_exit = True
+        idle = self.store.global_step == 0 and not self._probe_groups()
         try:
-            self._control_round(_EXIT, 0)
+            self._control_round(_EXIT, 0, wait=IDLE_EXIT_WAIT if idle else None)
         except Exception as error:  # noqa: BLE001 - reported, then the worker ends
             sys.stderr.write("%s\n" % error)
             sys.stderr.flush()
             sys.stdout.flush()
             os._exit(1)
-
-
-def equal_steps(trainer_or_module, local_batches):
-    """The number of steps every worker makes this epoch: the smallest `local_batches` over
-    the workers (see DistODSGD.equal_steps). Call it on every worker at the start of every
-    epoch and make exactly that many steps:
-
-        n = odsgd.equal_steps(trainer, len(train_data))
-        for batch, _ in zip(train_data, range(n)): ...
-
-    `trainer_or_module`: a gluon.Trainer with kvstore='dist_odsgd' (before its first step
-    too), a Module after init_optimizer, or the DistODSGD store itself."""
-    from .kvstore import DistODSGD   # the store imports this module
-    owner = trainer_or_module
-    if isinstance(owner, DistODSGD):
-        return owner.equal_steps(local_batches)
-    if isinstance(owner, mx.gluon.Trainer):
-        kv = owner._kvstore if owner._kv_initialized else owner._kvstore_params["kvstore"]
-        if isinstance(kv, str) and kv.lower() == "dist_odsgd":
-            # Created here, not by the Trainer: the Trainer sets the optimizer's rescale_grad
-            # from its first step's batch size before it initialises the store.
-            kv = mx.kv.create(kv)
-            owner._kvstore_params["kvstore"] = kv
-        string_keys = False
-    else:                                                      # Module
-        kv = getattr(owner, "_kvstore", None)
-        string_keys = True
-    if not isinstance(kv, DistODSGD):
-        raise ValueError("equal_steps needs a Trainer or Module that trains with "
-                         "kvstore='dist_odsgd' (a Module after init_optimizer), or the "
-                         "DistODSGD store; got %r" % type(trainer_or_module).__name__)
-    kv._arm_step_check(string_keys)
-    return kv.equal_steps(local_batches)

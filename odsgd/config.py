@@ -4,6 +4,7 @@ variables and their validation, in one place.
 Constructor arguments win over the environment; the environment wins over the defaults.
 Every environment variable is listed in docs/env.md.
 """
+import copy
 import math
 import os
 
@@ -34,6 +35,10 @@ ENVIRONMENT = {
     "ODSGD_COMPENSATION_MODE": ("compensation_mode", str),
     "ODSGD_WARMUP_STEPS": ("warmup_steps", int),
 }
+
+
+_VARIABLE_OF = {name: variable for variable, (name, _parse) in ENVIRONMENT.items()}
+_PARAMETER_OF = {"local_lr": "learning_rate", "local_momentum": "momentum", "local_wd": "wd"}
 
 
 def read_environment(environ=None):
@@ -111,8 +116,14 @@ class ODSGDConfig(object):
         self.adaptive_eps = params.pop("epsilon", values["adaptive_eps"])
         self.clip_gradient = params.pop("clip_gradient", None)
         self.lr_scheduler = params.pop("lr_scheduler", None)
+        if self.lr_scheduler is not None and self.local_lr is not None:
+            # As MXNet's optimizers do: learning_rate is the schedule's base rate. A copy,
+            # since schedules keep their own count and the caller's is not ours to change.
+            self.lr_scheduler = copy.copy(self.lr_scheduler)
+            self.lr_scheduler.base_lr = self.local_lr
         #: what is left goes to a non-built-in mx.optimizer local optimizer
         self.extra_params = params
+        self._source = source
         self._validate(source)
 
     def _validate(self, source):
@@ -147,20 +158,51 @@ class ODSGDConfig(object):
                 raise ValueError("compensation=%r needs local_optimizer 'sgd' or 'predict'; with "
                                  "local optimizer %r set compensation=0"
                                  % (self.compensation, self.local_optimizer))
+            self.create_local_optimizer(learning_rate=self.local_lr or 0.01)
         if self.local_optimizer == "predict":
-            refused = sorted(name for name in ("local_lr", "local_momentum", "local_wd")
-                             if where(name) == "argument")
-            refused += sorted(self.extra_params)
+            given = [name for name in ("local_lr", "local_momentum", "local_wd")
+                     if where(name) == "argument"]
+            refused = sorted(_PARAMETER_OF[name] for name in given) + sorted(self.extra_params)
             if self.lr_scheduler is not None:
                 refused.append("lr_scheduler")
             if refused:
                 raise ValueError("local_optimizer='predict' takes its rates from the global "
                                  "optimizer; remove %s from local_optimizer_params (only "
                                  "clip_gradient is allowed)" % ", ".join(refused))
+            from_environment = sorted(_VARIABLE_OF[name] for name in
+                                      ("local_lr", "local_momentum", "local_wd")
+                                      if where(name) == "environment")
+            if from_environment:
+                raise ValueError("local_optimizer='predict' takes its rates from the global "
+                                 "optimizer, but %s %s set; unset %s or use "
+                                 "ODSGD_LOCAL_OPTIMIZER=sgd"
+                                 % (", ".join(from_environment),
+                                    "is" if len(from_environment) == 1 else "are",
+                                    "it" if len(from_environment) == 1 else "them"))
         elif self.local_optimizer == "sgd" and self.extra_params:
             raise ValueError("local_optimizer='sgd' does not take %s; it takes learning_rate, "
                              "momentum, wd, clip_gradient, lr_scheduler, beta, epsilon"
                              % ", ".join(sorted(self.extra_params)))
+
+    def create_local_optimizer(self, learning_rate, rescale_grad=1.0):
+        """A new instance of a local optimizer other than 'sgd' or 'predict', with the
+        arguments it is given: its own ones, learning_rate, wd, clip_gradient, and momentum
+        only when one was given. Its rate is set each step (LocalUpdater), so it gets no
+        schedule of its own. Arguments the optimizer does not take are a ValueError here, when
+        the store is made, not at the first local step."""
+        import mxnet as mx
+        kwargs = dict(self.extra_params)
+        kwargs.update(learning_rate=learning_rate, rescale_grad=rescale_grad,
+                      wd=self.local_wd or 0.0, clip_gradient=self.clip_gradient)
+        if self.local_momentum is not None:
+            kwargs["momentum"] = self.local_momentum
+        try:
+            return mx.optimizer.create(self.local_optimizer, **kwargs)
+        except (TypeError, ValueError) as error:
+            raise ValueError("local optimizer %r does not take these arguments (%s): %s; give "
+                             "local_optimizer_params that mx.optimizer.create(%r, ...) accepts"
+                             % (self.local_optimizer, ", ".join(sorted(kwargs)), error,
+                                self.local_optimizer)) from None
 
     def as_dict(self):
         """The settings as plain values (for logs and checkpoints)."""

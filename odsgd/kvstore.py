@@ -1,16 +1,26 @@
 """`DistODSGD`: the `dist_odsgd` KVStore, One-step Delay SGD over MXNet's own `dist_sync`.
 
 The servers run MXNet's synchronous parameter server unchanged, with the global optimizer
-wrapped in `ServerOptimizer`. On a worker, `pushpull(key, grad, out=weight)` at step t:
+wrapped in `ServerOptimizer`. A step hands the store the gradients of every parameter at once:
+`pushpull([k1, k2, ...], [grads...], out=[weights...])`, which is what gluon.Trainer and
+Module do through odsgd/trainer_hook.py (one call per step instead of one per parameter).
+For each key group (odsgd/key_groups.py: small parameters share one server key) at step t:
 
-1. copies the gradient into a send buffer of the store and pushes it (`dist_sync` push);
-2. warm-up (t < warmup_steps): pulls W_{t+1} and copies it into `weight`, as `dist_sync`;
-   OD phase: computes w_{t+1} from W_t, pulled during the previous step, and the gradient
-   (`LocalUpdater`), then pulls W_{t+1} into a buffer of the store for step t+1.
+1. warm-up (t < warmup_steps): copies the gradients into the group's send buffer, pushes it,
+   pulls W_{t+1} and copies it into the weights, as `dist_sync`;
+2. OD phase: one operator computes w_{t+1} of every parameter of the group from W_t, pulled
+   during the previous step, and the gradients (`LocalUpdater`), and copies the gradients into
+   the send buffer; then the store pushes it and pulls W_{t+1} into a buffer of its own.
 
-The pull never lands in the gradient or the parameter array, so in MXNet's engine step t+1's
+The pull never lands in a gradient or a parameter array, so in MXNet's engine step t+1's
 forward and backward depend on step t-1's pull only (through w_{t+1}), never on step t's push
 or pull: that communication overlaps step t+1's computation.
+
+MXNet's CPU dist store pulls into the last pushed array, so each step's pull writes the send
+buffer too, and the next step's copy into it waits for that pull: a worker's push t+1 is
+ordered after its pull t, hence after the servers finished update t. Without this order a fast
+worker's push t+1 could join the servers' round t (they count pushes, not workers). It costs no
+overlap: step t+1's local update waits for pull t-1 in any case.
 """
 import logging
 import os
@@ -19,12 +29,16 @@ import pickle
 import mxnet as mx
 from mxnet.kvstore import KVStoreBase
 
-from .agreement import OPTIMIZER_COMMAND, WorkerAgreement, equal_steps  # noqa: F401
+from . import rates
+from .agreement import OPTIMIZER_COMMAND, WorkerAgreement
 from .config import ODSGDConfig
 from .environment import check_environment, exit_on_uncaught_exception
-from .local_update import LocalUpdater, global_learning_rate
+from .key_groups import (GROUP_KEY_BASE, KEY_LIMIT, KeyGroup, fusion_elements, plan_fusion,
+                         plan_signature)
+from .local_update import LocalUpdater
 from .overlap import OverlapMeter, metrics_interval
-from .server_updater import ServerOptimizer, learning_rate_command
+from .server_updater import (ServerOptimizer, group_layouts_command, learning_rate_command,
+                             multipliers_command)
 
 LOG = logging.getLogger("odsgd")
 
@@ -63,27 +77,26 @@ def _check_dense(arrays, what):
                             % (what, array.stype))
 
 
-class _KeyBuffers(object):
-    """The store's own arrays for one key.
+class _Plan(object):
+    """How one pushpull call's keys map onto key groups: [(group, positions in the call)],
+    and where each group's multipliers come from."""
 
-    `send` receives the gradient to push. MXNet's CPU dist store pulls into the last pushed
-    array, so each step's pull writes `send` too, and the copy of the next gradient waits for
-    that pull: a worker's push t+1 is ordered after its pull t, hence after the servers
-    finished update t. Without this order a fast worker's push t+1 could join the servers'
-    round t (they count pushes, not workers). It costs no overlap: step t+1's local update
-    waits for pull t in any case, and the backward of step t+1 depends only on pull t-1.
+    def __init__(self, groups, optimizer):
+        self.groups = groups
+        # Gluon Parameters may change lr_mult / wd_mult at any time: read them each step.
+        # Module's multipliers are fixed by the symbol and the optimizer: read them once.
+        self.params = [[optimizer.param_dict.get(i) for i in group.indices]
+                       for group, _ in groups]
+        self.fixed = [[rates.multipliers(optimizer, i) for i in group.indices]
+                      for group, _ in groups]
 
-    `current` and `previous` hold the last two global weights W_t and W_{t-1}; they swap
-    roles each step, so keeping W_{t-1} costs no copy."""
-
-    def __init__(self, value):
-        self.send = mx.nd.zeros(value.shape, value.context, dtype=value.dtype)
-        self.current = value.copy()   # W_t
-        self.previous = value.copy()  # W_{t-1}
-        self.step = 0                 # global steps pushed for this key
+    def multipliers(self, position):
+        params = self.params[position]
+        fixed = self.fixed[position]
+        return [(p.lr_mult, p.wd_mult) if p is not None else m for p, m in zip(params, fixed)]
 
 
-class DistODSGD(WorkerAgreement, KVStoreBase):
+class DistODSGD(KVStoreBase):
     """One-step Delay SGD KVStore (SPEC.md). Registered as kvstore type 'dist_odsgd'.
 
     Parameters
@@ -103,21 +116,33 @@ class DistODSGD(WorkerAgreement, KVStoreBase):
         Global steps of plain synchronous SGD before the local updates start.
         Env ODSGD_WARMUP_STEPS.
 
-    Constructor arguments win over the ODSGD_* environment variables (docs/env.md).
+    Constructor arguments win over the ODSGD_* environment variables (docs/env.md). Making
+    the store is collective: every worker of the job makes one.
     """
 
     def __init__(self, local_optimizer=None, local_optimizer_params=None, compensation=None,
                  compensation_mode=None, warmup_steps=None):
         self.config = ODSGDConfig(local_optimizer, local_optimizer_params, compensation,
                                   compensation_mode, warmup_steps)
+        self._fusion_elements = fusion_elements()
+        self.overlap = OverlapMeter(metrics_interval())
         check_environment()
-        self._store = mx.kv.create("dist_sync")
+        #: MXNet's own dist_sync store underneath
+        self.raw = mx.kv.create("dist_sync")
         exit_on_uncaught_exception()
-        self._buffers = {}
-        self._global_optimizer = None
+        self._groups = {}          # user key -> the KeyGroup that holds it now
+        self._index = {}           # user key -> its index for the global optimizer
+        self._string_keys = 0      # MXNet numbers string keys 0, 1, ... as first initialised
+        self._plans = {}           # tuple of keys -> _Plan
+        self._next_server_key = GROUP_KEY_BASE
+        self._unregistered = []    # groups whose layout the servers do not know yet
+        self._server_multipliers = {}
+        #: global steps made (pushes of the newest key group)
+        self.global_step = 0
+        self.global_optimizer = None
         self._local = None
         self._server_lr = None
-        self.overlap = OverlapMeter(metrics_interval())
+        self.agreement = WorkerAgreement(self)
 
     # -- KVStoreBase properties ------------------------------------------------------------
     @property
@@ -126,11 +151,11 @@ class DistODSGD(WorkerAgreement, KVStoreBase):
 
     @property
     def rank(self):
-        return self._store.rank
+        return self.raw.rank
 
     @property
     def num_workers(self):
-        return self._store.num_workers
+        return self.raw.num_workers
 
     @staticmethod
     def is_capable(capability):
@@ -138,14 +163,10 @@ class DistODSGD(WorkerAgreement, KVStoreBase):
 
     # -- initialisation --------------------------------------------------------------------
     def init(self, key, value):
-        """Initialises keys with rank 0's values (as dist_sync); W_0 = value."""
-        keys, values = _as_list(key), _as_list(value)
-        _check_dense(values, "weights")
-        for k, v in zip(keys, values):
-            self._check_same_shape(k, v)
-        self._store.init(key, value)
-        for k, v in zip(keys, values):
-            self._buffers[k] = _KeyBuffers(v)
+        """Initialises keys with rank 0's values, as dist_sync; W_0 = rank 0's value on every
+        worker."""
+        for k, v in zip(_as_list(key), _as_list(value)):
+            self._new_key(k, v)
 
     def broadcast(self, key, value, out, priority=0):
         """Rank 0's `value` to every worker's `out` (and to the store's W_0)."""
@@ -154,90 +175,268 @@ class DistODSGD(WorkerAgreement, KVStoreBase):
                 self.broadcast(k, v, o, priority)
             return
         outs = _as_list(out)
-        _check_dense([value] + outs, "weights")
-        self._check_same_shape(key, value)
-        self._store.broadcast(key, value, out=outs, priority=priority)
-        self._buffers[key] = _KeyBuffers(outs[0])
+        _check_dense(outs, "weights")
+        group = self._new_key(key, value)
+        initial = group.views(group.current)[0]
+        for o in outs:
+            initial.copyto(o)
+
+    def _new_key(self, key, value):
+        """One collective init: the shape check, rank 0's value to the servers (as a flat
+        array, the shape every later push and pull of the key uses), and W_0 pulled back."""
+        _check_dense([value], "weights")
+        if key in self._groups:
+            raise ValueError(
+                "key %r is already initialised in this dist_odsgd store: a store serves one "
+                "gluon.Trainer or Module (two Trainers on one store would share keys 0, 1, ...); "
+                "give each Trainer its parameters once, or one Trainer all of them" % (key,))
+        if isinstance(key, str):
+            index = self._string_keys   # as MXNet numbers string keys; Module's idx2name too
+        elif isinstance(key, int) and not isinstance(key, bool) and key >= 0:
+            index = key                 # gluon.Trainer's parameter index
+        else:
+            raise ValueError("dist_odsgd keys are strings or ints >= 0, got %r" % (key,))
+        if self._index and isinstance(next(iter(self._index)), str) != isinstance(key, str):
+            raise ValueError("key %r: a dist_odsgd store takes int keys (gluon.Trainer) or "
+                             "string keys (Module), not both, as MXNet's stores" % (key,))
+        self.agreement.check_same_shape(key, value)
+        group = KeyGroup(self._allocate_server_key(), [key], [index], [value],
+                         first_step=self.global_step)
+        self.raw.init(group.server_key, value.reshape((-1,)))
+        if isinstance(key, str):
+            self._string_keys += 1
+        self._index[key] = index
+        self.raw.pull(group.server_key, out=group.current)
+        group.current.copyto(group.previous)
+        self._groups[key] = group
+        self._unregistered.append(group)
+        return group
+
+    def _allocate_server_key(self):
+        key = self._next_server_key
+        if key >= KEY_LIMIT:
+            raise ValueError("dist_odsgd ran out of server keys (%d parameters and re-packings);"
+                             " MXNet's servers take keys below %d" % (key - GROUP_KEY_BASE,
+                                                                     KEY_LIMIT))
+        self._next_server_key += 1
+        return key
+
+    def _register_layouts(self):
+        """Tells the servers the layouts of new groups, before their first push."""
+        if self._unregistered:
+            layouts = {g.server_key: g.layout() for g in self._unregistered}
+            self.raw._send_command_to_servers(OPTIMIZER_COMMAND, group_layouts_command(layouts))
+            self._unregistered = []
 
     # -- communication ---------------------------------------------------------------------
     def push(self, key, value, priority=0):
         """Pushes gradients (summed over `value`'s devices) for one global step, as
-        dist_sync. Only `pushpull` makes local OD-SGD updates."""
-        for k, grads in self._pairs(key, value):
-            self._send(k, grads, priority)
+        dist_sync, and brings the store's global weights up to date. Only pushpull makes local
+        OD-SGD updates."""
+        keys, values = (key, value) if isinstance(key, (list, tuple)) else ([key], [value])
+        plan = self._plan(list(keys), [_as_list(v) for v in values], None)
+        self._register_layouts()
+        for group, positions in plan.groups:
+            self._exchange(group, [_as_list(values[p]) for p in positions])
+            group.step += 1
+            self.global_step = max(self.global_step, group.global_step)
 
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
         """Newest global weights (every pushed step applied) into `out`."""
         if out is None:
             raise ValueError("pull needs out=, the arrays that receive the global weights")
-        _check_dense(_as_list(out) if not isinstance(key, (list, tuple)) else
-                     [o for group in out for o in _as_list(group)], "weights")
-        self._store.pull(key, out=out, priority=priority, ignore_sparse=ignore_sparse)
+        keys, outs = (key, out) if isinstance(key, (list, tuple)) else ([key], [out])
+        outs = [_as_list(o) for o in outs]
+        _check_dense([o for group in outs for o in group], "weights")
+        pulled = {}
+        for k, targets in zip(keys, outs):
+            group = self._group_of(k)
+            if id(group) not in pulled:
+                scratch = group.scratch_buffer()
+                self.raw.pull(group.server_key, out=scratch, priority=priority)
+                pulled[id(group)] = scratch
+            view = group.views(pulled[id(group)])[group.position(k)]
+            for target in targets:
+                view.copyto(target)
 
     def pushpull(self, key, value, out=None, priority=0):
-        """One OD-SGD step for `key`: push the gradient `value` (NDArray or one per device)
-        and write the next local weights into `out` (the parameter arrays)."""
+        """One OD-SGD step: push the gradients `value` and write the next local weights into
+        `out` (the parameter arrays). `key` is one key (value: an NDArray or one per device)
+        or a list of keys (value, out: one entry per key): a list makes the step of all of them
+        at once, which is how gluon.Trainer and Module call it (odsgd/trainer_hook.py)."""
         if out is None or out is value:
             raise ValueError(
                 "dist_odsgd updates the weights itself and needs pushpull(key, grad, "
                 "out=weight): create the Trainer with update_on_kvstore=True (the default) "
                 "and do not set MXNET_UPDATE_ON_KVSTORE=0")
-        if self._global_optimizer is None:
+        if self.global_optimizer is None:
             raise ValueError("dist_odsgd has no optimizer: call kv.set_optimizer(...) first "
                              "(gluon.Trainer and Module.fit do it when update_on_kvstore=True)")
-        if getattr(self, "_control", None) is None:
-            # Every job gets the step-count check at exit (and equal_steps): a worker with
-            # more or fewer steps than the others fails with the reason instead of hanging.
-            # Armed at the first step, when the keys (int or str: MXNet never mixes them)
-            # are known and every worker is at the same point (the arming is collective).
-            self._arm_step_check()
-        self._sync_learning_rate()
-        outs = [_as_list(o) for o in out] if isinstance(key, (list, tuple)) else [_as_list(out)]
-        for (k, grads), weights in zip(self._pairs(key, value), outs):
-            _check_dense(weights, "weights")
-            self._step(k, grads, weights, priority)
-
-    def _pairs(self, key, value):
         if isinstance(key, (list, tuple)):
-            pairs = [(k, _as_list(v)) for k, v in zip(key, value)]
+            keys, values, outs = list(key), [_as_list(v) for v in value], \
+                [_as_list(o) for o in out]
         else:
-            pairs = [(key, _as_list(value))]
-        for k, grads in pairs:
-            if k not in self._buffers:
-                raise ValueError("key %r was never initialised: call kv.init or "
-                                 "kv.broadcast first" % (k,))
+            keys, values, outs = [key], [_as_list(value)], [_as_list(out)]
+        plan = self._plan(keys, values, outs)
+        self._register_layouts()
+        self._sync_learning_rate()
+        self._sync_multipliers(plan)
+        # One call is one global step of all its keys: a key that was not pushed for a while
+        # (a frozen layer trained again) takes the step of the others.
+        step = max(group.global_step for group, _ in plan.groups)
+        for position, (group, positions) in enumerate(plan.groups):
+            group.first_step = step - group.step
+            self._step(group, [values[p] for p in positions], [outs[p] for p in positions],
+                       plan.multipliers(position))
+        self.global_optimizer.num_update = max(
+            self.global_optimizer.num_update,
+            rates.schedule_count(self.global_optimizer, self.global_step - 1))
+
+    # -- key groups ------------------------------------------------------------------------
+    def _group_of(self, key):
+        group = self._groups.get(key)
+        if group is None:
+            raise ValueError("key %r was never initialised: call kv.init or kv.broadcast "
+                             "first" % (key,))
+        return group
+
+    def active_groups(self):
+        """Key groups that are pushed each step (for the step check's probe)."""
+        unique = {id(g): g for g in self._groups.values()}
+        return [g for g in unique.values() if g.step > 0 and not g.retired]
+
+    def _plan(self, keys, values, outs):
+        """The key groups of a call with these keys (cached). The first call with several keys
+        packs their small parameters into fused keys (collective: every worker makes the same
+        calls at the same step)."""
+        plan = self._plans.get(tuple(keys))
+        if plan is not None:
+            return plan
+        if len(values) != len(keys) or (outs is not None and len(outs) != len(keys)):
+            raise ValueError("pushpull got %d keys but %d gradients and %s outputs"
+                             % (len(keys), len(values), len(outs) if outs is not None else 0))
+        groups = [self._group_of(k) for k in keys]
+        for grads in values:
             _check_dense(grads, "gradients")
-        return pairs
+        for weights in outs or []:
+            _check_dense(weights, "weights")
+        position = {k: i for i, k in enumerate(keys)}
+        covered = [g for g in {id(g): g for g in groups}.values()
+                   if not g.retired and all(k in position for k in g.keys)]
+        loose = [k for k, g in zip(keys, groups) if not any(g is c for c in covered)]
+        if len(keys) > 1 and self._fusion_elements > 0 and self.global_optimizer is not None:
+            fusible = [k for k in keys if not (self._groups[k] in covered
+                                               and self._groups[k].fused)]
+            covered = [g for g in covered if g.fused]
+            self._fuse(fusible)
+        elif loose:
+            fused = [k for k in loose if self._groups[k].fused]
+            if fused:
+                raise ValueError(
+                    "key %r is pushed together with other keys in one fused server key of "
+                    "dist_odsgd (gluon.Trainer and Module make one call for all keys); push "
+                    "those keys together, as %r, or set ODSGD_FUSION_ELEMENTS=0 to give every "
+                    "key its own" % (fused[0], self._groups[fused[0]].keys))
+        entries, seen = [], set()
+        for k in keys:
+            group = self._groups[k]
+            if id(group) not in seen:
+                seen.add(id(group))
+                entries.append((group, [position[m] for m in group.keys]))
+        plan = _Plan(entries, self.global_optimizer or mx.optimizer.SGD())
+        self._plans[tuple(keys)] = plan
+        return plan
 
-    def _send(self, key, grads, priority):
-        """Copies (sums) the gradients into this step's send buffer and pushes it."""
-        buffers = self._buffers[key]
-        send = buffers.send
-        if len(grads) == 1:
-            grads[0].copyto(send)
-        else:
-            mx.nd.add_n(*[g.as_in_context(send.context) for g in grads], out=send)
-        self._store.push(key, send, priority=priority)
-        buffers.step += 1
-        return send
+    def _fuse(self, keys):
+        """Packs `keys` into key groups (key_groups.plan_fusion): collective. A key already alone
+        in its own individual group stays there; the others get fused server keys, initialised
+        with the global weights W_t the store holds (equal on every worker), and keep their
+        local states. The servers keep each parameter's optimizer state by its index, so it
+        carries over."""
+        old = [self._groups[k] for k in keys]
+        templates = [g.views(g.current)[g.position(k)] for k, g in zip(keys, old)]
+        sizes = [int(t.size) for t in templates]
+        kinds = [(str(t.dtype), str(t.context)) for t in templates]
+        layout = plan_fusion(sizes, kinds, self._fusion_elements)
+        signature = plan_signature(layout, sizes)
+        self.agreement.check_same(
+            [signature], lambda v: "%d" % v[0],
+            lambda mine, theirs: "the workers pack their parameters differently (plan %s here, "
+            "%s on rank 0): every worker must build the same model and set the same "
+            "ODSGD_FUSION_ELEMENTS and MXNET_KVSTORE_BIGARRAY_BOUND" % (mine, theirs))
+        made = False
+        for members in layout:
+            member_keys = [keys[p] for p in members]
+            if len(members) == 1 and not old[members[0]].fused:
+                continue
+            server_key = self._allocate_server_key()
+            group = KeyGroup(server_key, member_keys, [self._index[k] for k in member_keys],
+                             [templates[p] for p in members], first_step=self.global_step)
+            sources = [old[p] for p in members]
+            self._local.prepare(group)
+            for buffer in ("current", "previous", "mom", "var"):
+                if getattr(group, buffer) is None:
+                    continue
+                targets = group.views(getattr(group, buffer))
+                for target, source, key in zip(targets, sources, member_keys):
+                    flat = getattr(source, buffer)
+                    if flat is not None:
+                        source.views(flat)[source.position(key)].copyto(target)
+            for source in sources:
+                source.retired = True
+            group.step = 0
+            group.first_step = max(s.global_step for s in sources)
+            self._unregistered.append(group)
+            self.raw.init(server_key, group.current)
+            for key in member_keys:
+                self._groups[key] = group
+            made = True
+        if made:
+            self._plans.clear()
+            LOG.info("odsgd: %d parameters on %d server keys",
+                     len(keys), len({id(self._groups[k]) for k in keys}))
 
-    def _step(self, key, grads, weights, priority):
-        buffers = self._buffers[key]
-        step = buffers.step
-        grad = self._send(key, grads, priority)
+    # -- one step of one group -------------------------------------------------------------
+    def _gradients(self, group, grads):
+        """The raw gradient of each parameter on the group's context: the arrays themselves
+        with one device, else their sum, written into the group's send buffer (whose views are
+        returned)."""
+        if all(len(g) == 1 for g in grads):
+            return [g[0] for g in grads], False
+        views = group.views(group.send)
+        for view, per_device in zip(views, grads):
+            mx.nd.add_n(*[g.as_in_context(group.context) for g in per_device], out=view)
+        return views, True
+
+    def _exchange(self, group, grads):
+        """Warm-up and plain pushes: gradients into the send buffer, push, pull W_{t+1} into
+        the group's buffers."""
+        gradients, summed = self._gradients(group, grads)
+        if not summed:
+            _gather(gradients, group, group.send)
+        self.raw.push(group.server_key, group.send)
+        self.raw.pull(group.server_key, out=group.previous)
+        group.swap()
+
+    def _step(self, group, grads, weights, multipliers):
+        step = group.global_step
         if step >= self.config.warmup_steps:
-            # W_t is buffers.current, pulled during step t-1 (or W_0).
-            self.overlap.measure_wait(key, step, grads[0], buffers.current)
-            self._local.update(key, step, weights[0], grad, buffers.current, buffers.previous)
-            buffers.previous, buffers.current = buffers.current, buffers.previous
-            self._store.pull(key, out=buffers.current, priority=priority)
+            gradients, summed = self._gradients(group, grads)
+            # W_t is group.current, pulled during step t-1 (or W_0).
+            self.overlap.measure_wait(group.server_key, step, gradients[0], group.current)
+            self._local.update_group(group, step, [w[0] for w in weights], gradients,
+                                     multipliers, send=None if summed else group.send)
+            self.raw.push(group.server_key, group.send)
+            self.raw.pull(group.server_key, out=group.previous)
+            group.swap()
         else:
-            buffers.previous, buffers.current = buffers.current, buffers.previous
-            self._store.pull(key, out=buffers.current, priority=priority)
-            buffers.current.copyto(weights[0])
-        for weight in weights[1:]:
-            weights[0].copyto(weight)
-        self._advance_schedule(step)
+            self._exchange(group, grads)
+            _scatter(group, group.current, [w[0] for w in weights])
+        for per_device in weights:
+            for weight in per_device[1:]:
+                per_device[0].copyto(weight)
+        group.step += 1
+        self.global_step = max(self.global_step, group.global_step)
 
     # -- optimizer -------------------------------------------------------------------------
     def set_optimizer(self, optimizer):
@@ -259,34 +458,47 @@ class DistODSGD(WorkerAgreement, KVStoreBase):
                              "parameter servers cannot unpickle; use mx.lr_scheduler or "
                              "odsgd.training.schedule (GluonCV's schedules made server-safe)"
                              % type(scheduler).__name__)
-        self._store.set_optimizer(ServerOptimizer(optimizer))
-        self._global_optimizer = optimizer
+        self.raw.set_optimizer(ServerOptimizer(optimizer))
+        self.global_optimizer = optimizer
         self._server_lr = optimizer.lr
+        self._server_multipliers = {}
+        self._plans.clear()
         self._local = LocalUpdater(self.config, optimizer, self.num_workers)
 
     def _sync_learning_rate(self):
         """Sends a learning rate set on the worker (Trainer.set_learning_rate) to the servers,
         which MXNet's dist stores never do (apache/mxnet#15919)."""
-        lr = self._global_optimizer.lr
-        if lr == self._server_lr or self._global_optimizer.lr_scheduler is not None:
+        lr = self.global_optimizer.lr
+        if lr == self._server_lr or self.global_optimizer.lr_scheduler is not None:
             return
         # Steps already pushed keep the old rate: let them reach the servers first (a rare
         # stall: learning rates change once an epoch or so).
         mx.nd.waitall()
-        self._store._send_command_to_servers(OPTIMIZER_COMMAND, learning_rate_command(lr))
+        self.raw._send_command_to_servers(OPTIMIZER_COMMAND, learning_rate_command(lr))
         self._server_lr = lr
         LOG.info("odsgd: learning rate %g sent to the servers", lr)
 
-    def _advance_schedule(self, step):
-        # The worker's copy of the optimizer never updates, so its counter would stay at 0;
-        # keep it at the global step so that trainer.learning_rate follows the schedule.
-        optimizer = self._global_optimizer
-        optimizer.num_update = max(optimizer.num_update, step + 1)
+    def _sync_multipliers(self, plan):
+        """Sends Gluon Parameters' lr_mult / wd_mult to the servers when they are new or
+        changed (odsgd/rates.py: the pickled optimizer loses them)."""
+        changed = {}
+        for position, (group, _) in enumerate(plan.groups):
+            for index, param in zip(group.indices, plan.params[position]):
+                if param is not None and \
+                        self._server_multipliers.get(index) != (param.lr_mult, param.wd_mult):
+                    changed[index] = (param.lr_mult, param.wd_mult)
+        if changed:
+            mx.nd.waitall()   # steps already pushed keep the multipliers they were made with
+            self.raw._send_command_to_servers(OPTIMIZER_COMMAND, multipliers_command(changed))
+            self._server_multipliers.update(changed)
 
     def set_gradient_compression(self, compression_params):
-        self._store.set_gradient_compression(compression_params)
+        self.raw.set_gradient_compression(compression_params)
 
     # -- checkpoints -----------------------------------------------------------------------
+    def _holding_groups(self):
+        return list({id(g): g for g in self._groups.values()}.values())
+
     def save_optimizer_states(self, fname, dump_optimizer=False):
         """Saves this worker's OD-SGD states to `fname`: local states (momentum, adaptive
         variance), step counts, the last two global weights W_t and W_{t-1}, the global
@@ -300,14 +512,19 @@ class DistODSGD(WorkerAgreement, KVStoreBase):
         and saves the weights too. Everything pushed so far is applied first."""
         from . import server_updater as servers
         mx.nd.waitall()   # every step this worker pushed is applied; W_t has arrived
-        optimizer = self._global_optimizer
+        optimizer = self.global_optimizer
         server_states = self.rank == 0 and optimizer is not None
-        saved = {"format": 2, "config": self.config.as_dict(), "rank": self.rank,
+        steps, global_weights = {}, {}
+        for key, group in self._groups.items():
+            i = group.position(key)
+            steps[key] = group.global_step
+            global_weights[key] = (group.views(group.current)[i].asnumpy(),
+                                   group.views(group.previous)[i].asnumpy())
+        saved = {"format": 3, "config": self.config.as_dict(), "rank": self.rank,
                  "num_workers": self.num_workers, "num_servers": _num_servers(),
-                 "steps": {k: b.step for k, b in self._buffers.items()},
-                 "global_weights": {k: (b.current.asnumpy(), b.previous.asnumpy())
-                                    for k, b in self._buffers.items()},
-                 "local": self._local.get_states() if self._local else None,
+                 "steps": steps, "global_step": self.global_step,
+                 "global_weights": global_weights,
+                 "local": self._local.get_states(self._holding_groups()) if self._local else None,
                  "num_update": optimizer.num_update if optimizer is not None else None,
                  "server_states": server_states}
         if dump_optimizer:
@@ -317,7 +534,7 @@ class DistODSGD(WorkerAgreement, KVStoreBase):
             pickle.dump(saved, f)
         os.replace(temporary, fname)
         if server_states:
-            self._store._send_command_to_servers(
+            self.raw._send_command_to_servers(
                 OPTIMIZER_COMMAND, servers.save_states_command(_server_pattern(fname)))
 
     def load_optimizer_states(self, fname):
@@ -330,6 +547,10 @@ class DistODSGD(WorkerAgreement, KVStoreBase):
         from . import server_updater as servers
         with open(fname, "rb") as f:
             saved = pickle.load(f)
+        if saved.get("format") != 3:
+            raise ValueError("%s holds dist_odsgd states of format %r; this version reads "
+                             "format 3 (save the checkpoint again with this version)"
+                             % (fname, saved.get("format")))
         if saved.get("server_states") and saved.get("num_servers") != _num_servers():
             raise ValueError("%s was saved by a job with %s servers, this job has %d: start it "
                              "with -s %s (each server holds its own part of the states)"
@@ -339,27 +560,28 @@ class DistODSGD(WorkerAgreement, KVStoreBase):
             LOG.warning("odsgd: worker %d loads the states that worker %d saved (%s)",
                         self.rank, saved["rank"], fname)
         for key, (current, previous) in saved["global_weights"].items():
-            if key not in self._buffers:
+            if key not in self._groups:
                 raise ValueError("saved states have key %r, which this store has not "
                                  "initialised" % (key,))
-            buffers = self._buffers[key]
-            if buffers.current.shape != current.shape:
+            group = self._groups[key]
+            if group.shapes[group.position(key)] != current.shape:
                 raise ValueError("saved states of key %r have shape %s, the parameter has %s"
-                                 % (key, current.shape, buffers.current.shape))
+                                 % (key, current.shape, group.shapes[group.position(key)]))
         for key, (current, previous) in saved["global_weights"].items():
-            buffers = self._buffers[key]
-            buffers.current[:] = current
-            buffers.previous[:] = previous
-            buffers.step = saved["steps"][key]
+            group = self._groups[key]
+            i = group.position(key)
+            group.views(group.current)[i][:] = current
+            group.views(group.previous)[i][:] = previous
+            group.first_step, group.step = 0, saved["steps"][key]
+        self.global_step = saved["global_step"]
         if saved.get("local") is not None:
             if self._local is None:
                 raise ValueError("call set_optimizer before load_optimizer_states")
-            context = next(iter(self._buffers.values())).current.context
-            self._local.set_states(saved["local"], context)
-        if saved.get("num_update") is not None and self._global_optimizer is not None:
-            self._global_optimizer.num_update = saved["num_update"]
+            self._local.set_states(saved["local"], self._holding_groups())
+        if saved.get("num_update") is not None and self.global_optimizer is not None:
+            self.global_optimizer.num_update = saved["num_update"]
         if saved.get("server_states") and self.rank == 0:
-            if self._global_optimizer is None:
+            if self.global_optimizer is None:
                 raise ValueError("call set_optimizer before load_optimizer_states")
             pattern = _server_pattern(fname)
             missing = [pattern % k for k in range(_num_servers())
@@ -367,24 +589,93 @@ class DistODSGD(WorkerAgreement, KVStoreBase):
             if missing:
                 raise ValueError("the servers' states %s are missing (written beside %s by "
                                  "rank 0's save_optimizer_states)" % (", ".join(missing), fname))
-            self._store._send_command_to_servers(
+            self.raw._send_command_to_servers(
                 OPTIMIZER_COMMAND, servers.load_states_command(pattern))
 
     @property
     def _updater(self):
         """What gluon.Trainer.load_states reads back (`kv._updater.optimizer`): the global
         optimizer, which keeps its settings (only its update count is loaded)."""
-        return _UpdaterView(self._global_optimizer)
+        return _UpdaterView(self.global_optimizer)
 
-    # -- helpers for users -----------------------------------------------------------------
+    # -- collective checks and helpers for users -------------------------------------------
+    def equal_steps(self, local_batches):
+        """Returns the number of steps every worker makes this epoch: the smallest
+        `local_batches` over the workers. A collective call: every worker calls it at the
+        start of every epoch and then makes exactly that many steps, dropping its extra
+        batches. `odsgd.equal_steps(trainer, n)` calls it for a Trainer.
+
+        It also checks that every worker has made the same number of steps so far; the same
+        is checked at exit: a worker that makes more or fewer steps than the others ends with
+        a ValueError naming the rule instead of leaving the job waiting for its pushes forever
+        (docs/reliability.md)."""
+        return self.agreement.equal_steps(local_batches)
+
     def global_learning_rate(self, step):
-        return global_learning_rate(self._global_optimizer, step)
+        return rates.global_learning_rate(self.global_optimizer, step)
 
     def _barrier(self):
-        self._store._barrier()
+        self.raw._barrier()
 
 
 KVStoreBase.kv_registry["dist_odsgd"] = DistODSGD
+
+
+def _gather(grads, group, flat):
+    """flat = the gradients end to end (group layout): one operator where the library takes
+    the arrays, else one copy per parameter."""
+    from . import native
+    if hasattr(native, "gather_") and native.is_loaded() and native.accepts(list(grads) + [flat]):
+        native.gather_(list(grads), flat)
+        return
+    for grad, view in zip(grads, group.views(flat)):
+        grad.copyto(view)
+
+
+def _scatter(group, flat, weights):
+    """weights = their parts of `flat`: one operator, else one copy per parameter."""
+    from . import native
+    if hasattr(native, "scatter_") and native.is_loaded() and \
+            native.accepts(list(weights) + [flat]):
+        native.scatter_(flat, list(weights))
+        return
+    for view, weight in zip(group.views(flat), weights):
+        view.copyto(weight)
+
+
+def store_of(trainer_or_module, what):
+    """The DistODSGD store of a gluon.Trainer (made now if the Trainer has only its name), a
+    Module after init_optimizer, or the store itself; ValueError naming `what` otherwise."""
+    owner = trainer_or_module
+    if isinstance(owner, DistODSGD):
+        return owner
+    if isinstance(owner, mx.gluon.Trainer):
+        kv = owner._kvstore if owner._kv_initialized else owner._kvstore_params["kvstore"]
+        if isinstance(kv, str) and kv.lower() == "dist_odsgd":
+            # Made here, not by the Trainer: the Trainer sets the optimizer's rescale_grad
+            # from its first step's batch size before it initialises the store.
+            kv = mx.kv.create(kv)
+            owner._kvstore_params["kvstore"] = kv
+    else:
+        kv = getattr(owner, "_kvstore", None)
+    if not isinstance(kv, DistODSGD):
+        raise ValueError("%s needs a Trainer or Module that trains with kvstore='dist_odsgd' "
+                         "(a Module after init_optimizer), or the DistODSGD store; got %r"
+                         % (what, type(trainer_or_module).__name__))
+    return kv
+
+
+def equal_steps(trainer_or_module, local_batches):
+    """The number of steps every worker makes this epoch: the smallest `local_batches` over
+    the workers (see DistODSGD.equal_steps). Call it on every worker at the start of every
+    epoch and make exactly that many steps:
+
+        n = odsgd.equal_steps(trainer, len(train_data))
+        for batch, _ in zip(train_data, range(n)): ...
+
+    `trainer_or_module`: a gluon.Trainer with kvstore='dist_odsgd' (before its first step
+    too), a Module after init_optimizer, or the DistODSGD store itself."""
+    return store_of(trainer_or_module, "equal_steps").equal_steps(local_batches)
 
 
 def load_global_weights(trainer_or_module):
@@ -396,14 +687,13 @@ def load_global_weights(trainer_or_module):
         raise ValueError("load_global_weights needs a Trainer or Module that has trained with "
                          "kvstore='dist_odsgd' (call it after the first step)")
     if hasattr(trainer_or_module, "_params"):          # gluon.Trainer
-        for index, param in enumerate(trainer_or_module._params):
-            if param.grad_req != "null":
-                kv.pull(index, out=param.list_data())
+        pairs = [(index, param.list_data()) for index, param
+                 in enumerate(trainer_or_module._params)
+                 if param.grad_req != "null" and index in kv._groups]
     else:                                              # Module
         group = trainer_or_module._exec_group
-        for name, arrays in zip(group.param_names, group.param_arrays):
-            kv.pull(name, out=arrays)
+        pairs = list(zip(group.param_names, group.param_arrays))
         trainer_or_module._params_dirty = True
+    if pairs:
+        kv.pull([k for k, _ in pairs], out=[o for _, o in pairs])
     mx.nd.waitall()
-
-

@@ -1,26 +1,24 @@
 """The worker's local update of OD-SGD (SPEC.md section 2, OD phase), in one place.
 
-`LocalUpdater.update` turns (w_t, grad_t, W_t[, W_{t-1}]) into w_{t+1} in place. It runs the
-fused C++ operator (kvstore_ext/, see odsgd.native) when the library is loaded and the same
-formula as plain NDArray ops otherwise; both agree to float32 rounding.
+`LocalUpdater.update_group` turns (w_t, grad_t, W_t[, W_{t-1}]) into w_{t+1} in place for every
+parameter of a key group (odsgd/key_groups.py) at once. It runs one fused C++ operator for the
+whole group (kvstore_ext/, odsgd.native.multi_update_) when the library is loaded and takes the
+arrays, and the same formulas as NDArray ops per parameter otherwise (another dtype than
+float32, no library); both agree to float32 rounding.
+
+Each parameter uses its own rates, as the servers apply them (odsgd/rates.py): the learning
+rate times its lr_mult and the weight decay times its wd_mult, for 'predict' and 'sgd' alike
+(a frozen layer, lr_mult 0, stays where the servers keep it; biases with wd_mult 0 get no
+local weight decay).
 """
 import logging
 
 import mxnet as mx
 
 from . import native
+from .rates import global_learning_rate
 
 LOG = logging.getLogger("odsgd")
-
-
-def global_learning_rate(optimizer, step):
-    """The learning rate the servers use for global update `step` (0-based).
-
-    MXNet's optimizers count the update before reading the rate, so update t runs with
-    lr_scheduler(t + 1)."""
-    if optimizer.lr_scheduler is not None:
-        return optimizer.lr_scheduler(step + 1)
-    return optimizer.lr
 
 
 def ndarray_local_update_(weight, grad, global_weight, mom, var, *, rescale_grad, clip_gradient,
@@ -61,8 +59,12 @@ def _compensation(g, var, lam, adaptive, beta, eps):
     return lam * g2 / mx.nd.sqrt(var + eps)
 
 
+def _fused_ops_available():
+    return hasattr(native, "multi_update_") and native.is_loaded()
+
+
 class LocalUpdater(object):
-    """Per-key local states of one worker and the OD-phase update.
+    """Local states of one worker and the OD-phase update.
 
     Parameters
     ----------
@@ -77,24 +79,33 @@ class LocalUpdater(object):
         self.config = config
         self.global_optimizer = global_optimizer
         self.num_workers = num_workers
-        self.states = {}        # key -> (mom, var) NDArrays, shaped like the weight
-        self._optimizer = None  # an mx.optimizer local optimizer, made on first use
+        self._groups = {}        # key -> its KeyGroup for update() (one array, unit tests)
+        self._optimizer = None   # an mx.optimizer local optimizer
         self._updater = None
-        self._saved_optimizer_states = None
+        self._fallback_logged = False
+        if config.local_optimizer not in ("sgd", "predict"):
+            self._optimizer = config.create_local_optimizer(learning_rate=0.01)
+            self._updater = mx.optimizer.get_updater(self._optimizer)
 
     # -- rates -----------------------------------------------------------------------------
     def local_momentum(self):
-        """mu_l: the configured local momentum, else the global optimizer's (with a local
-        momentum of 0 the derived rate below made 'sgd' diverge, docs/convergence.md)."""
+        """mu_l: for 'sgd' the configured local momentum, else the global optimizer's (with a
+        local momentum of 0 the derived rate below made 'sgd' diverge, docs/convergence.md);
+        for another mx.optimizer the momentum it was actually given (its own default when
+        none was given, 0 when it has none)."""
         if self.config.local_momentum is not None:
             return self.config.local_momentum
+        if self._optimizer is not None:
+            return getattr(self._optimizer, "momentum", 0.0) or 0.0
         return getattr(self.global_optimizer, "momentum", 0.0) or 0.0
 
     def local_learning_rate(self, step):
-        """lr_l for global step `step`: the local schedule or rate when given, else derived
-        from the global optimizer so that the local steps, with their momentum, move as far
-        as the global steps they stand in for: lr_g * N / (1 - mu_g) * (1 - mu_l), which is
-        lr_g * N with the default mu_l = mu_g."""
+        """lr_l for global step `step` before the parameter's lr_mult: the local schedule (its
+        base rate the local learning_rate when both are given) or rate when given, else derived
+        from the global optimizer so that the local steps, with their momentum, move as far as
+        the global steps they stand in for: lr_g(step) * N / (1 - mu_g) * (1 - mu_l), which is
+        lr_g * N with the default mu_l = mu_g. lr_g follows the global schedule and
+        Trainer.set_learning_rate."""
         cfg = self.config
         if cfg.lr_scheduler is not None:
             return cfg.lr_scheduler(step + 1)
@@ -103,6 +114,18 @@ class LocalUpdater(object):
         mu_g = getattr(self.global_optimizer, "momentum", 0.0) or 0.0
         return (global_learning_rate(self.global_optimizer, step) * self.num_workers
                 / (1.0 - mu_g) * (1.0 - self.local_momentum()))
+
+    def rates(self, step, multipliers):
+        """(lrs, wds, momentum) of global step `step` for parameters with these
+        (lr_mult, wd_mult): the rates the local step uses, one per parameter."""
+        if self.config.local_optimizer == "predict":
+            opt = self.global_optimizer
+            lr, wd = global_learning_rate(opt, step), opt.wd
+            momentum = getattr(opt, "momentum", 0.0) or 0.0
+        else:
+            lr, wd = self.local_learning_rate(step), self.config.local_wd or 0.0
+            momentum = self.local_momentum()
+        return ([lr * m for m, _ in multipliers], [wd * m for _, m in multipliers], momentum)
 
     def _common(self):
         cfg = self.config
@@ -113,79 +136,120 @@ class LocalUpdater(object):
                     adaptive=bool(cfg.compensation) and cfg.compensation_mode == "adaptive",
                     beta=cfg.adaptive_beta, eps=cfg.adaptive_eps)
 
-    # -- the update ------------------------------------------------------------------------
-    def update(self, key, step, weight, grad, global_weight, prev_global_weight):
-        """Writes w_{step+1} into `weight` (which holds w_step on entry).
-
-        weight, grad, global_weight (W_step), prev_global_weight (W_{step-1}): NDArrays of one
-        shape and context; grad is the raw gradient summed over this worker's devices."""
+    # -- states ----------------------------------------------------------------------------
+    def prepare(self, group):
+        """Allocates the local states `group` needs: mom for 'sgd', var for the adaptive
+        compensation (flat, in the group's layout, zero at first)."""
         cfg = self.config
-        if cfg.local_optimizer not in ("sgd", "predict"):
-            self._optimizer_update(key, step, weight, grad, global_weight)
+
+        def zeros():
+            return mx.nd.zeros((group.total,), group.context, dtype=group.dtype)
+        if group.mom is None and cfg.local_optimizer == "sgd":
+            group.mom = zeros()
+        if group.var is None and cfg.compensation and cfg.compensation_mode == "adaptive":
+            group.var = zeros()
+
+    # -- the update ------------------------------------------------------------------------
+    def update_group(self, group, step, weights, grads, multipliers, send=None):
+        """Writes w_{step+1} into `weights` (which hold w_step on entry), from the group's
+        W_step (`group.current`) and W_{step-1} (`group.previous`).
+
+        weights, grads: one NDArray per parameter of the group, in its order and shapes, on the
+        group's context; grads are raw (summed over this worker's devices). multipliers: per
+        parameter (lr_mult, wd_mult). send: when given, the group's flat send buffer, which
+        also receives the raw gradients (the copy the push needs), in the same operator."""
+        cfg = self.config
+        self.prepare(group)
+        if self._optimizer is not None:
+            if send is not None:
+                for view, grad in zip(group.views(send), grads):
+                    grad.copyto(view)
+            self._optimizer_update(group, step, weights, grads, multipliers)
             return
-        mom, var = self._state(key, weight)
-        if cfg.local_optimizer == "predict":
-            opt = self.global_optimizer
-            args = dict(self._common(), lr=global_learning_rate(opt, step),
-                        momentum=getattr(opt, "momentum", 0.0) or 0.0, wd=opt.wd,
-                        num_workers=self.num_workers)
-            if native.supports(weight.context):
-                native.predict_update_(weight, grad, global_weight, prev_global_weight, var,
-                                       **args)
+        lrs, wds, momentum = self.rates(step, multipliers)
+        kind = cfg.local_optimizer
+        common = self._common()
+        arrays = list(weights) + list(grads) + [group.current, group.previous]
+        arrays += [a for a in (group.mom, group.var, send) if a is not None]
+        if _fused_ops_available() and native.accepts(arrays):
+            native.multi_update_(kind, weights, grads, group.current,
+                                 prev_global_flat=group.previous if kind == "predict" else None,
+                                 mom_flat=group.mom, var_flat=group.var, send_flat=send,
+                                 lrs=lrs, wds=wds, momentum=momentum,
+                                 num_workers=self.num_workers, **common)
+            return
+        self._log_fallback(weights[0])
+        if send is not None:
+            for view, grad in zip(group.views(send), grads):
+                grad.copyto(view)
+        W, W_prev = group.views(group.current), group.views(group.previous)
+        moms = group.views(group.mom) if group.mom is not None else [None] * len(weights)
+        variances = group.views(group.var) if group.var is not None else [None] * len(weights)
+        for i, (weight, grad) in enumerate(zip(weights, grads)):
+            if kind == "predict":
+                ndarray_predict_update_(weight, grad, W[i], W_prev[i], variances[i],
+                                        lr=lrs[i], momentum=momentum, wd=wds[i],
+                                        num_workers=self.num_workers, **common)
             else:
-                ndarray_predict_update_(weight, grad, global_weight, prev_global_weight, var,
-                                        **args)
-            return
-        args = dict(self._common(), lr=self.local_learning_rate(step),
-                    momentum=self.local_momentum(), wd=cfg.local_wd or 0.0)
-        if native.supports(weight.context):
-            native.local_update_(weight, grad, global_weight, mom, var, **args)
-        else:
-            ndarray_local_update_(weight, grad, global_weight, mom, var, **args)
+                ndarray_local_update_(weight, grad, W[i], moms[i], variances[i], lr=lrs[i],
+                                      momentum=momentum, wd=wds[i], **common)
 
-    def _state(self, key, weight):
-        """(mom, var) of `key`: mom for 'sgd', var for adaptive compensation, else None."""
-        state = self.states.get(key)
-        if state is None:
-            cfg = self.config
+    def _log_fallback(self, weight):
+        if not self._fallback_logged:
+            self._fallback_logged = True
+            LOG.info("odsgd: the local update uses NDArray operations (%s weights on %s%s)",
+                     weight.dtype.__name__ if hasattr(weight.dtype, "__name__")
+                     else weight.dtype, weight.context,
+                     "" if native.is_loaded() else "; the native library is not loaded")
 
-            def zeros(needed):
-                return (mx.nd.zeros(weight.shape, weight.context, dtype=weight.dtype)
-                        if needed else None)
-            state = (zeros(cfg.local_optimizer == "sgd"),
-                     zeros(cfg.compensation_mode == "adaptive" and cfg.compensation))
-            self.states[key] = state
-        return state
+    def _optimizer_update(self, group, step, weights, grads, multipliers):
+        """Any other mx.optimizer: applied to a copy of W_t with the worker's gradient, its rate
+        and weight decay set each step from the local rate (the global schedule and
+        Trainer.set_learning_rate included) and each parameter's multipliers."""
+        optimizer = self._optimizer
+        optimizer.rescale_grad = self.global_optimizer.rescale_grad
+        lr = self.local_learning_rate(step)
+        wd = self.config.local_wd or 0.0
+        for key, W, weight, grad, (lr_mult, wd_mult) in zip(
+                group.keys, group.views(group.current), weights, grads, multipliers):
+            optimizer.lr, optimizer.wd = lr * lr_mult, wd * wd_mult
+            W.copyto(weight)
+            self._updater(key, grad, weight)
 
-    def _optimizer_update(self, key, step, weight, grad, global_weight):
-        """Any other mx.optimizer: applied to a copy of W_t with the worker's gradient."""
-        if self._optimizer is None:
-            cfg = self.config
-            kwargs = dict(cfg.extra_params)
-            kwargs.update(learning_rate=self.local_learning_rate(step),
-                          rescale_grad=self.global_optimizer.rescale_grad,
-                          wd=cfg.local_wd or 0.0, clip_gradient=cfg.clip_gradient,
-                          lr_scheduler=cfg.lr_scheduler)
-            if cfg.local_momentum:
-                kwargs["momentum"] = cfg.local_momentum
-            self._optimizer = mx.optimizer.create(cfg.local_optimizer, **kwargs)
-            self._updater = mx.optimizer.get_updater(self._optimizer)
-            if self._saved_optimizer_states is not None:
-                self._updater.set_states(self._saved_optimizer_states)
-        global_weight.copyto(weight)
-        self._updater(key, grad, weight)
+    def update(self, key, step, weight, grad, global_weight, prev_global_weight,
+               multipliers=(1.0, 1.0)):
+        """One parameter on its own (its states kept per key): writes w_{step+1} into
+        `weight`. The store uses update_group; this is the same step for one array."""
+        from .key_groups import KeyGroup
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = KeyGroup(key, [key], [0], [weight])
+        group.current.reshape(weight.shape)[:] = global_weight
+        group.previous.reshape(weight.shape)[:] = prev_global_weight
+        self.update_group(group, step, [weight], [grad], [multipliers])
 
     # -- checkpoints -----------------------------------------------------------------------
-    def get_states(self):
-        """Local states as NumPy arrays (picklable)."""
-        states = {key: tuple(None if a is None else a.asnumpy() for a in pair)
-                  for key, pair in self.states.items()}
+    def get_states(self, groups):
+        """Local states per key as NumPy arrays (picklable), whatever groups hold them."""
+        states = {}
+        for group in groups:
+            moms = group.views(group.mom) if group.mom is not None else None
+            variances = group.views(group.var) if group.var is not None else None
+            for i, key in enumerate(group.keys):
+                states[key] = (moms[i].asnumpy() if moms else None,
+                               variances[i].asnumpy() if variances else None)
         opt_states = self._updater.get_states(dump_optimizer=False) if self._updater else None
         return {"states": states, "optimizer_states": opt_states}
 
-    def set_states(self, saved, context):
-        self.states = {key: tuple(None if a is None else mx.nd.array(a, ctx=context,
-                                                                      dtype=a.dtype)
-                                  for a in pair)
-                       for key, pair in saved["states"].items()}
-        self._saved_optimizer_states = saved.get("optimizer_states")
+    def set_states(self, saved, groups):
+        """Loads get_states' output into the groups that hold the keys now."""
+        for group in groups:
+            self.prepare(group)
+            for i, key in enumerate(group.keys):
+                mom, var = saved["states"].get(key, (None, None))
+                if mom is not None and group.mom is not None:
+                    group.views(group.mom)[i][:] = mom
+                if var is not None and group.var is not None:
+                    group.views(group.var)[i][:] = var
+        if saved.get("optimizer_states") is not None and self._updater is not None:
+            self._updater.set_states(saved["optimizer_states"])

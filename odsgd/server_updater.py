@@ -8,6 +8,12 @@ keyed by parameter, so a replacement loses nothing. Each command below pickles t
 acts on this server process (changes the rate, writes or reads the states, ...) and hands the
 running `ServerOptimizer` back, which the server installs again.
 
+The workers' keys carry one parameter or several packed end to end (odsgd/key_groups.py; each
+key's layout registered by `group_layouts_command`): a round applies the optimizer to each
+parameter's part on its own, with that parameter's index for the optimizer, so that lr_mult,
+wd_mult, the schedule count and the optimizer state are each parameter's, exactly as
+dist_sync's servers apply them when every parameter has its own key.
+
 Besides the parameters, `ServerOptimizer` knows two kinds of rounds that are not SGD steps:
 
 * rounds of a *control key* (registered by `control_key_command`): the server stores the sum of
@@ -37,6 +43,8 @@ from mxnet.optimizer import Optimizer
 _RUNNING = None
 #: Server-side ids of the control keys: their rounds store the sum of the pushes.
 _CONTROL_KEYS = set()
+#: Server key -> [(optimizer index, offset, size)] of the parameters it carries.
+_GROUPS = {}
 #: Newest probe announced by a worker, and per parameter the probe whose round was skipped.
 _PROBE = 0
 _PROBED = {}
@@ -87,9 +95,14 @@ class ServerOptimizer(Optimizer):
         self.optimizer._set_current_context(device_id)
 
     def create_state_multi_precision(self, index, weight):
-        # A new Updater (after a command) asks again: give back the state it had.
-        if index in _CONTROL_KEYS:
+        # MXNet's Updater asks by server key (again after each command). The states belong to
+        # the parameters, by their optimizer index, a name space of its own: _update_group.
+        if index in _CONTROL_KEYS or index in _GROUPS:
             return None
+        return self._state(index, weight)
+
+    def _state(self, index, weight):
+        """The optimizer state of the parameter with optimizer index `index`."""
         if index not in self.states:
             self.states[index] = self.optimizer.create_state_multi_precision(index, weight)
         return self.states[index]
@@ -103,18 +116,48 @@ class ServerOptimizer(Optimizer):
     def update_multi_precision(self, index, weight, grad, state):
         self._update(self.optimizer.update_multi_precision, index, weight, grad, state)
 
-    @staticmethod
-    def _update(apply, index, weight, grad, state):
+    def _update(self, apply, index, weight, grad, state):
         """`apply` on the parameters among `index` (one key, or a list when MXNet's Updater
-        aggregates), after control-key and probe rounds are taken out."""
+        aggregates), after control-key and probe rounds are taken out and fused keys are
+        split into their parameters."""
         if not isinstance(index, (list, tuple)):
             if not _round_handled(index, weight, grad):
-                apply(index, weight, grad, state)
+                if index in _GROUPS:
+                    self._update_group(apply, _GROUPS[index], weight, grad)
+                else:
+                    apply(index, weight, grad, state)
             return
         kept = [i for i, key in enumerate(index) if not _round_handled(key, weight[i], grad[i])]
-        if kept:
-            apply([index[i] for i in kept], [weight[i] for i in kept],
-                  [grad[i] for i in kept], [state[i] for i in kept])
+        plain = [i for i in kept if index[i] not in _GROUPS]
+        if plain:
+            apply([index[i] for i in plain], [weight[i] for i in plain],
+                  [grad[i] for i in plain], [state[i] for i in plain])
+        for i in kept:
+            if index[i] in _GROUPS:
+                self._update_group(apply, _GROUPS[index[i]], weight[i], grad[i])
+
+    def _update_group(self, apply, layout, weight, grad):
+        """The optimizer on each parameter of a fused key: its part of the flat weight and
+        gradient (views, so the update writes the key's weight), its own index and state. The
+        parameters go in batches of the optimizer's aggregate_num, as MXNet's Updater batches
+        keys; the optimizer's batched and single kernels compute the same per element."""
+        if len(layout) == 1:
+            # One parameter: the whole array, or the part of it this server holds when MXNet
+            # slices a big array over the servers (as dist_sync's servers update their part).
+            index = layout[0][0]
+            apply(index, weight, grad, self._state(index, weight))
+            return
+        indices = [index for index, _, _ in layout]
+        weights = [weight[o:o + n] for _, o, n in layout]
+        grads = [grad[o:o + n] for _, o, n in layout]
+        states = [self._state(i, w) for i, w in zip(indices, weights)]
+        batch = max(1, self.aggregate_num or 1)
+        for start in range(0, len(indices), batch):
+            part = slice(start, start + batch)
+            if batch == 1:
+                apply(indices[start], weights[start], grads[start], states[start])
+            else:
+                apply(indices[part], weights[part], grads[part], states[part])
 
     # -- checkpoints -----------------------------------------------------------------------
     def get_states(self):
@@ -243,6 +286,37 @@ def _apply_learning_rate(lr):
 def learning_rate_command(lr):
     """The body of the command that sets the servers' learning rate to `lr`."""
     return _command(_apply_learning_rate, float(lr))
+
+
+def _register_groups(layouts):
+    for key, layout in layouts.items():
+        _GROUPS[key] = [tuple(int(x) for x in entry) for entry in layout]
+    return _installed()
+
+
+def group_layouts_command(layouts):
+    """The body of the command that tells the servers which parameters their keys carry:
+    {server key: [(optimizer index, offset, size), ...]} (odsgd/key_groups.py)."""
+    return _command(_register_groups, {int(key): [tuple(int(x) for x in e) for e in layout]
+                                       for key, layout in layouts.items()})
+
+
+def _apply_multipliers(multipliers):
+    if _RUNNING is None:
+        raise RuntimeError("odsgd: multipliers command before the optimizer reached this "
+                           "server; call kv.set_optimizer first")
+    for index, (lr_mult, wd_mult) in multipliers.items():
+        _RUNNING.optimizer.lr_mult[index] = lr_mult
+        _RUNNING.optimizer.wd_mult[index] = wd_mult
+    return _RUNNING
+
+
+def multipliers_command(multipliers):
+    """The body of the command that gives the servers' optimizer per-index multipliers,
+    {index: (lr_mult, wd_mult)}: Gluon's Parameter.lr_mult / wd_mult, which the pickled
+    optimizer loses on its way (MXNet drops its param_dict, see odsgd/rates.py)."""
+    return _command(_apply_multipliers, {int(i): (float(a), float(b))
+                                         for i, (a, b) in multipliers.items()})
 
 
 def _register_control_key(key):

@@ -5,73 +5,10 @@ quadratic problem of jobs/quadratic_problem.py, or with a dist_sync run of the s
 import numpy as np
 import pytest
 
-import od_reference as ref
-from cluster import run_job
 from jobs import quadratic_problem as problem
+from quadratic_simulation import assert_matches, run, simulate
 
 pytestmark = pytest.mark.timeout(300)
-
-RTOL, ATOL = 2e-5, 2e-6   # float32 rounding over a dozen steps of O(1) values
-
-
-def run(tmp_path, workers=2, servers=1, **options):
-    args = ["--out", tmp_path]
-    for name, value in options.items():
-        args += ["--" + name.replace("_", "-"), value]
-    run_job("quadratic_job.py", args, workers=workers, servers=servers)
-    return [dict(np.load(tmp_path / ("rank%d.npz" % r))) for r in range(workers)]
-
-
-def simulate(workers, steps, lr, momentum=0.0, wd=0.0, rescale=1.0 / problem.BATCH,
-             warmup_steps=0, local_optimizer="predict", local_lr=None, local_momentum=0.0,
-             local_wd=0.0, compensation=0.0, compensation_mode="constant", clip=None,
-             lr_at=None):
-    """NumPy simulation of OD-SGD on the quadratic problem. Returns per worker the local
-    (weight, bias) after each step, and the final global (weight, bias)."""
-    lr_at = lr_at or (lambda t: lr)
-    W = list(problem.initial_weights())
-    W_prev = [a.copy() for a in W]
-    mom_global = [np.zeros_like(a) for a in W]
-    local = [[a.copy() for a in W] for _ in range(workers)]
-    m = [[np.zeros_like(a) for a in W] for _ in range(workers)]
-    v = [[np.zeros_like(a) for a in W] for _ in range(workers)]
-    history = [[[], []] for _ in range(workers)]
-    for t in range(steps):
-        grads = [problem.gradients(local[i][0], local[i][1], *problem.batch(i, t))
-                 for i in range(workers)]
-        new_W = [ref.global_sgd_step(W[k], sum(g[k] for g in grads), mom_global[k],
-                                     rescale_grad=rescale, lr=lr_at(t), momentum=momentum,
-                                     wd=wd)
-                 for k in range(2)]
-        for i in range(workers):
-            for k in range(2):
-                if t < warmup_steps:
-                    local[i][k] = new_W[k].copy()
-                elif local_optimizer == "predict":
-                    local[i][k] = ref.predict_step(
-                        local[i][k], W[k], W_prev[k], grads[i][k], v[i][k],
-                        rescale_grad=rescale, lr=lr_at(t), momentum=momentum, wd=wd,
-                        lam=compensation, num_workers=workers, mode=compensation_mode,
-                        clip_gradient=clip)
-                else:
-                    local[i][k] = ref.local_sgd_step(
-                        local[i][k], W[k], grads[i][k], m[i][k], v[i][k],
-                        rescale_grad=rescale, lr=local_lr, momentum=local_momentum,
-                        wd=local_wd, lam=compensation, mode=compensation_mode,
-                        clip_gradient=clip)
-                history[i][k].append(local[i][k].copy())
-        W_prev, W = W, new_W
-    return history, W
-
-
-def assert_matches(results, history, W):
-    for rank, result in enumerate(results):
-        np.testing.assert_allclose(result["local_weight"], np.array(history[rank][0]),
-                                   rtol=RTOL, atol=ATOL, err_msg="worker %d weight" % rank)
-        np.testing.assert_allclose(result["local_bias"], np.array(history[rank][1]),
-                                   rtol=RTOL, atol=ATOL, err_msg="worker %d bias" % rank)
-        np.testing.assert_allclose(result["global_weight"], W[0], rtol=RTOL, atol=ATOL)
-        np.testing.assert_allclose(result["global_bias"], W[1], rtol=RTOL, atol=ATOL)
 
 
 def test_warmup_equals_dist_sync(tmp_path):

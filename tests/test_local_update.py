@@ -18,7 +18,7 @@ def path(request, monkeypatch):
     if request.param == "fused":
         assert native.load(), "the native library must be built (make native)"
     else:
-        monkeypatch.setattr(native, "supports", lambda context: False)
+        monkeypatch.setattr(native, "accepts", lambda arrays: False, raising=False)
     return request.param
 
 
@@ -131,3 +131,89 @@ def test_fallback_and_fused_agree():
         results.append((weight.asnumpy(), mom.asnumpy(), var.asnumpy()))
     for a, b in zip(*results):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_local_schedule_starts_from_the_local_learning_rate():
+    """local 'sgd' with learning_rate and lr_scheduler: the schedule's base is learning_rate,
+    as MXNet's optimizers make it (FactorScheduler(2, 0.5) at count t + 1: 0.5 ** (t // 2)),
+    and the caller's scheduler is not changed."""
+    schedule = mx.lr_scheduler.FactorScheduler(step=2, factor=0.5)   # base_lr 0.01
+    updater, _ = make_updater(local_optimizer="sgd",
+                              local_optimizer_params={"learning_rate": 0.2, "momentum": 0.0,
+                                                      "lr_scheduler": schedule})
+    assert [updater.local_learning_rate(t) for t in range(6)] == pytest.approx(
+        [0.2 * 0.5 ** (t // 2) for t in range(6)])
+    assert schedule.base_lr == 0.01
+
+
+def nag_updater(**local_params):
+    optimizer = mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, rescale_grad=0.5,
+                                 lr_scheduler=mx.lr_scheduler.FactorScheduler(2, 0.5,
+                                                                              base_lr=0.1))
+    config = ODSGDConfig(environ={}, local_optimizer="nag", local_optimizer_params=local_params)
+    return LocalUpdater(config, optimizer, 2), optimizer
+
+
+@pytest.mark.parametrize("given_momentum", [None, 0.5])
+def test_mx_optimizer_follows_the_global_schedule(given_momentum):
+    """Another mx.optimizer as local optimizer ('nag' here): its rate follows the global
+    schedule each step, derived with the momentum it is actually given (NAG's own default 0
+    when none is given, not the global 0.9). With momentum 0, one NAG step from W is
+    W - lr (g + 0) exactly; with momentum its first step from a zero state is the same."""
+    params = {} if given_momentum is None else {"momentum": given_momentum}
+    updater, optimizer = nag_updater(**params)
+    mu_l = given_momentum or 0.0
+    rng = np.random.RandomState(8)
+    for step in (0, 3, 6):
+        W = rng.uniform(-1, 1, (4, 3)).astype(np.float32)
+        grad = rng.uniform(-1, 1, (4, 3)).astype(np.float32)
+        weight = mx.nd.zeros((4, 3))
+        key = "k%d" % step        # a fresh state, so the first NAG step of each key
+        updater.update(key, step, weight, mx.nd.array(grad), mx.nd.array(W), mx.nd.array(W))
+        lr = 0.1 * 0.5 ** (step // 2) * 2 / (1 - 0.9) * (1 - mu_l)
+        g = np.float32(0.5) * grad
+        expected = W - np.float32(lr) * (g + np.float32(mu_l) * g) if mu_l else \
+            W - np.float32(lr) * g
+        np.testing.assert_allclose(weight.asnumpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_mx_optimizer_follows_set_learning_rate():
+    """Without a schedule, a rate set on the global optimizer (Trainer.set_learning_rate)
+    changes the next local step's rate."""
+    optimizer = mx.optimizer.SGD(learning_rate=0.1, momentum=0.0, rescale_grad=1.0)
+    updater = LocalUpdater(ODSGDConfig(environ={}, local_optimizer="nag"), optimizer, 2)
+    W, grad = np.ones((3,), np.float32), np.full((3,), 0.5, np.float32)
+    for step, lr in ((0, 0.1), (1, 0.02)):
+        optimizer.set_learning_rate(lr)
+        weight = mx.nd.zeros((3,))
+        updater.update("k%d" % step, step, weight, mx.nd.array(grad), mx.nd.array(W),
+                       mx.nd.array(W))
+        np.testing.assert_allclose(weight.asnumpy(), W - np.float32(lr * 2) * grad, rtol=1e-6)
+
+
+def test_group_update_uses_each_parameters_rates(path):
+    """update_group over several arrays: each uses its own lr * lr_mult and wd * wd_mult."""
+    from odsgd.key_groups import KeyGroup
+    updater, _ = make_updater(local_optimizer="predict")
+    rng = np.random.RandomState(21)
+    shapes = [(3, 4), (5,), (2, 2, 2)]
+    multipliers = [(0.3, 1.0), (1.0, 0.0), (0.0, 2.0)]
+    w = [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes]
+    W = [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes]
+    Wp = [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes]
+    g = [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes]
+    weights = [mx.nd.array(a) for a in w]
+    group = KeyGroup(7, ["a", "b", "c"], [0, 1, 2], weights)
+    for view, value in zip(group.views(group.current), W):
+        view[:] = value
+    for view, value in zip(group.views(group.previous), Wp):
+        view[:] = value
+    send = group.send
+    updater.update_group(group, 0, weights, [mx.nd.array(a) for a in g], multipliers,
+                         send=send)
+    for i, (lr_mult, wd_mult) in enumerate(multipliers):
+        expected = ref.predict_step(w[i], W[i], Wp[i], g[i], np.zeros_like(w[i]),
+                                    rescale_grad=0.25, lr=0.1 * lr_mult, momentum=0.9,
+                                    wd=1e-3 * wd_mult, lam=0.0, num_workers=3)
+        np.testing.assert_allclose(weights[i].asnumpy(), expected, rtol=RTOL, atol=ATOL)
+        np.testing.assert_array_equal(group.views(send)[i].asnumpy(), g[i])

@@ -136,10 +136,27 @@ def test_invalid_odsgd_environment(clean_environment, monkeypatch, name, value, 
     (dict(warmup_steps=-1), ValueError, "warmup_steps must be >= 0"),
     (dict(warmup_steps=2.5), TypeError, "warmup_steps must be an int"),
     (dict(compensation_mode="sometimes"), ValueError, "compensation_mode must be one of"),
-    (dict(local_optimizer_params=[0.1]), TypeError, "local_optimizer_params must be a dict")])
+    (dict(local_optimizer_params=[0.1]), TypeError, "local_optimizer_params must be a dict"),
+    (dict(local_optimizer="adam", local_optimizer_params={"momentum": 0.9}), ValueError,
+     "local optimizer 'adam' does not take these arguments.*momentum"),
+    (dict(local_optimizer="nag", local_optimizer_params={"no_such_argument": 1}), ValueError,
+     "local optimizer 'nag' does not take these arguments")])
 def test_invalid_store_arguments(clean_environment, arguments, error, message):
     with pytest.raises(error, match=message):
         odsgd.DistODSGD(**arguments)
+
+
+@pytest.mark.parametrize("name", ["ODSGD_LOCAL_LR", "ODSGD_LOCAL_MOMENTUM", "ODSGD_LOCAL_WD"])
+def test_local_rates_from_the_environment_are_refused_with_predict(clean_environment,
+                                                                   monkeypatch, name):
+    """docs/env.md: 'predict' takes its rates from the global optimizer, so a local rate in
+    the environment is an error naming the variable, not silently ignored."""
+    monkeypatch.setenv(name, "0.1")
+    with pytest.raises(ValueError, match="takes its rates from the global optimizer, but %s "
+                                         "is set" % name):
+        odsgd.DistODSGD()
+    monkeypatch.setenv("ODSGD_LOCAL_OPTIMIZER", "sgd")
+    assert ODSGDConfig().local_optimizer == "sgd"     # accepted with a local optimizer
 
 
 def test_arguments_win_over_a_valid_environment(clean_environment, monkeypatch):

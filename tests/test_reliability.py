@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from cluster import REPO, JOBS, run_job
-from test_cluster import RTOL, ATOL, simulate
+from quadratic_simulation import RTOL, ATOL, simulate
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -236,6 +236,35 @@ def test_unequal_shards_without_the_rule_fail_clearly(live_jobs, tmp_path):
     assert code != 0
     assert "the workers made different numbers of steps" in output, output[-3000:]
     assert "odsgd.equal_steps(trainer, len(local_batches))" in output
+    assert time.time() - job.started_at < 60
+    assert_no_leftovers(job)
+
+
+def test_worker_without_a_step_ends_the_job(live_jobs, tmp_path):
+    """Worker 0's shard is empty and nobody calls equal_steps: it makes no step, while worker
+    1 waits for it in the keys' first initialisation. Worker 0 cannot probe (it holds no key);
+    it waits IDLE_EXIT_WAIT seconds at exit, then ends the job with the rule."""
+    job = live_jobs("uneven_job.py", ["--out", tmp_path, "--epochs", 1, "--batches", 0,
+                                      "--extra", 2, "--rule", "none"],
+                    timeout=120, tag=str(tmp_path))
+    code = job.finish()
+    output = job.output
+    assert code != 0
+    assert "worker 0 made no step" in output
+    assert "worker 0 has made 0 steps and is exiting, and the other workers have not come" \
+        in output, output[-3000:]
+    assert time.time() - job.started_at < 60
+    assert_no_leftovers(job)
+
+
+def test_two_trainers_on_one_store_fail_with_the_reason(live_jobs):
+    """A second gluon.Trainer on the same store would reuse keys 0, 1, ...: a ValueError that
+    says so, and the job ends non-zero."""
+    job = live_jobs("two_trainers_job.py", [], timeout=90)
+    code = job.finish()
+    assert code != 0
+    assert "key 0 is already initialised in this dist_odsgd store: a store serves one " \
+        "gluon.Trainer or Module" in job.output, job.output[-3000:]
     assert time.time() - job.started_at < 60
     assert_no_leftovers(job)
 

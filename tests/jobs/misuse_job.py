@@ -68,7 +68,7 @@ def main():
 
     # Rank 0 has a (3, 5) array, the others (3, 6): the others must get the error.
     shape = (3, 5) if kv.rank == 0 else (3, 6)
-    results["shape_check"] = raised(lambda: kv._check_same_shape(600, mx.nd.zeros(shape)))
+    results["shape_check"] = raised(lambda: kv.agreement.check_same_shape(600, mx.nd.zeros(shape)))
 
     def update_on_kvstore_false():
         net = dense_net()

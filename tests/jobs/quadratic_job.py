@@ -15,7 +15,8 @@ import quadratic_problem as problem  # noqa: E402
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser()
-    p.add_argument("--api", choices=["gluon", "module"], default="gluon")
+    p.add_argument("--api", choices=["gluon", "module", "store"], default="gluon",
+                   help="store: the store's own API (kv.init, kv.pull, kv.pushpull of both keys)")
     p.add_argument("--kvstore", default="dist_odsgd")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--lr", type=float, default=0.05)
@@ -26,6 +27,19 @@ def parse_args(argv=None):
     p.add_argument("--lr-change-to", type=float, default=0.0)
     p.add_argument("--lr-factor-step", type=int, default=0,
                    help="FactorScheduler(step, factor=0.5) on the global optimizer")
+    p.add_argument("--begin-num-update", type=int, default=0)
+    p.add_argument("--lr-mult-weight", type=float, default=1.0,
+                   help="lr_mult of the weight (Gluon Parameter, or Module symbol attribute)")
+    p.add_argument("--wd-mult-bias", type=float, default=1.0,
+                   help="wd_mult of the bias (Gluon; Module gives biases 0 by their name)")
+    p.add_argument("--lr-mult-change-step", type=int, default=-1,
+                   help="gluon: set the weight's lr_mult to --lr-mult-change-to at this step")
+    p.add_argument("--lr-mult-change-to", type=float, default=0.0)
+    p.add_argument("--freeze-bias-steps", type=int, default=0,
+                   help="gluon: the bias has grad_req 'null' for this many steps, then trains")
+    p.add_argument("--rank-init-offset", type=float, default=0.0,
+                   help="store: worker r initialises the keys with W_0 + r * this (rank 0's "
+                        "values must win)")
     p.add_argument("--out", required=True)
     p.add_argument("--save-prefix", help="odsgd.save_checkpoint after the last step (gluon)")
     p.add_argument("--resume-prefix", help="odsgd.load_checkpoint before the first step, "
@@ -59,7 +73,8 @@ def make_store(args):
 
 
 def optimizer_params(args):
-    params = {"learning_rate": args.lr, "momentum": args.momentum, "wd": args.wd}
+    params = {"learning_rate": args.lr, "momentum": args.momentum, "wd": args.wd,
+              "begin_num_update": args.begin_num_update}
     if args.lr_factor_step:
         params["lr_scheduler"] = mx.lr_scheduler.FactorScheduler(args.lr_factor_step, 0.5,
                                                                  base_lr=args.lr)
@@ -73,6 +88,10 @@ def run_gluon(args, kv):
     weight, bias = problem.initial_weights()
     net.weight.set_data(mx.nd.array(weight))
     net.bias.set_data(mx.nd.array(bias))
+    net.weight.lr_mult = args.lr_mult_weight
+    net.bias.wd_mult = args.wd_mult_bias
+    if args.freeze_bias_steps:
+        net.bias.grad_req = "null"
     trainer = mx.gluon.Trainer(net.collect_params(), "sgd", optimizer_params(args), kvstore=kv)
     if args.resume_prefix:
         odsgd.load_checkpoint(trainer, args.resume_prefix)
@@ -80,6 +99,10 @@ def run_gluon(args, kv):
     for step in range(args.first_step, args.steps):
         if step == args.lr_change_step:
             trainer.set_learning_rate(args.lr_change_to)
+        if step == args.lr_mult_change_step:
+            net.weight.lr_mult = args.lr_mult_change_to
+        if args.freeze_bias_steps and step == args.freeze_bias_steps:
+            net.bias.grad_req = "write"
         X, Y = problem.batch(kv.rank, step)
         xs = np.array_split(X, len(contexts))
         ys = np.array_split(Y, len(contexts))
@@ -106,7 +129,8 @@ def run_gluon(args, kv):
 def run_module(args, kv):
     data = mx.sym.var("data")
     label = mx.sym.var("label")
-    out = mx.sym.FullyConnected(data, num_hidden=problem.OUT_UNITS, name="fc")
+    fc_weight = mx.sym.var("fc_weight", lr_mult=args.lr_mult_weight)
+    out = mx.sym.FullyConnected(data, weight=fc_weight, num_hidden=problem.OUT_UNITS, name="fc")
     loss = mx.sym.MakeLoss(0.5 * mx.sym.sum(mx.sym.square(out - label)))
     X = np.concatenate([problem.batch(kv.rank, t)[0] for t in range(args.steps)])
     Y = np.concatenate([problem.batch(kv.rank, t)[1] for t in range(args.steps)])
@@ -136,10 +160,33 @@ def run_module(args, kv):
             arg_params["fc_bias"].asnumpy(), np.zeros(0))
 
 
+def run_store(args, kv):
+    """The store's own API, as a user without Trainer or Module: kv.init with this worker's
+    values (rank 0's must become W_0 everywhere), kv.pull, one pushpull of both keys a step."""
+    optimizer = mx.optimizer.create("sgd", rescale_grad=1.0 / problem.BATCH,
+                                    **optimizer_params(args))
+    kv.set_optimizer(optimizer)
+    weight, bias = problem.initial_weights()
+    offset = kv.rank * args.rank_init_offset
+    kv.init([0, 1], [mx.nd.array(weight + offset), mx.nd.array(bias + offset)])
+    arrays = [mx.nd.zeros(weight.shape), mx.nd.zeros(bias.shape)]
+    kv.pull([0, 1], out=arrays)
+    local_w, local_b = [], []
+    for step in range(args.steps):
+        X, Y = problem.batch(kv.rank, step)
+        grads = problem.gradients(arrays[0].asnumpy(), arrays[1].asnumpy(), X, Y)
+        kv.pushpull([0, 1], [mx.nd.array(g) for g in grads], out=arrays)
+        local_w.append(arrays[0].asnumpy())
+        local_b.append(arrays[1].asnumpy())
+    kv.pull([0, 1], out=arrays)
+    return (np.array(local_w), np.array(local_b), arrays[0].asnumpy(), arrays[1].asnumpy(),
+            np.zeros(0))
+
+
 def main():
     args = parse_args()
     kv = make_store(args)
-    run = run_gluon if args.api == "gluon" else run_module
+    run = {"gluon": run_gluon, "module": run_module, "store": run_store}[args.api]
     local_w, local_b, global_w, global_b, lrs = run(args, kv)
     np.savez(os.path.join(args.out, "rank%d.npz" % kv.rank), local_weight=local_w,
              local_bias=local_b, global_weight=global_w, global_bias=global_b,

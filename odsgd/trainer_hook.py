@@ -1,0 +1,60 @@
+"""The worker-side hook: gluon.Trainer and Module hand a dist_odsgd store a whole step at once.
+
+Both call the store once per parameter and step (`Trainer._allreduce_grads`, and
+`mxnet.model._update_params_on_kvstore` for Module), so a store that acts per call pays its
+fixed cost per parameter array. With dist_odsgd they make one call with every parameter's
+key, gradients and weights instead, and the store issues one fused operator and one push and
+pull per key group (odsgd/kvstore.py, odsgd/key_groups.py). For any other store both behave
+exactly as MXNet's own code.
+
+One override each, installed by `import odsgd` (as Horovod's and BytePS's DistributedTrainer
+override `_allreduce_grads`), so `gluon.Trainer(..., kvstore='dist_odsgd')` and
+`Module.fit(kvstore='dist_odsgd')` get it without a change to the user's code.
+"""
+import mxnet as mx
+from mxnet.module import module as _module
+
+_TRAINER_ALLREDUCE = mx.gluon.Trainer._allreduce_grads
+_MODULE_UPDATE_ON_KVSTORE = _module._update_params_on_kvstore
+
+
+def _is_odsgd(kvstore):
+    from .kvstore import DistODSGD
+    return isinstance(kvstore, DistODSGD)
+
+
+def allreduce_grads_in_one_call(trainer):
+    """gluon.Trainer._allreduce_grads: with dist_odsgd (and update_on_kvstore, which it
+    requires) one pushpull of every trained parameter; otherwise MXNet's own."""
+    kvstore = trainer._kvstore
+    if not (_is_odsgd(kvstore) and trainer._update_on_kvstore):
+        return _TRAINER_ALLREDUCE(trainer)
+    keys, grads, weights = [], [], []
+    for index, param in enumerate(trainer._params):
+        if param.grad_req != "null":
+            keys.append(index)
+            grads.append(param.list_grad())
+            weights.append(param.list_data())
+    if keys:
+        kvstore.pushpull(keys, grads, out=weights)
+
+
+def update_params_on_kvstore_in_one_call(param_arrays, grad_arrays, kvstore, param_names):
+    """mxnet.model._update_params_on_kvstore, as Module.update calls it: with dist_odsgd one
+    pushpull of every parameter that has a gradient; otherwise MXNet's own."""
+    if not _is_odsgd(kvstore):
+        return _MODULE_UPDATE_ON_KVSTORE(param_arrays, grad_arrays, kvstore, param_names)
+    keys, grads, weights = [], [], []
+    for name, arrays, grad_list in zip(param_names, param_arrays, grad_arrays):
+        if grad_list[0] is not None:
+            keys.append(name)
+            grads.append(grad_list)
+            weights.append(arrays)
+    if keys:
+        kvstore.pushpull(keys, grads, out=weights)
+
+
+def install():
+    """Installs both overrides (idempotent)."""
+    mx.gluon.Trainer._allreduce_grads = allreduce_grads_in_one_call
+    _module._update_params_on_kvstore = update_params_on_kvstore_in_one_call

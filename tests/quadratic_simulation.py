@@ -1,0 +1,85 @@
+"""The quadratic job (jobs/quadratic_job.py) run as a real cluster, and an independent NumPy
+simulation of SPEC.md section 2 on the same problem (jobs/quadratic_problem.py), with the
+per-parameter rates the servers apply (lr_mult, wd_mult), schedules and parameters that start
+training late."""
+import numpy as np
+
+import od_reference as ref
+from cluster import run_job
+from jobs import quadratic_problem as problem
+
+RTOL, ATOL = 2e-5, 2e-6   # float32 rounding over a dozen steps of O(1) values
+
+
+def run(tmp_path, workers=2, servers=1, env=None, **options):
+    """Runs the quadratic job; returns each rank's saved arrays."""
+    args = ["--out", tmp_path]
+    for name, value in options.items():
+        args += ["--" + name.replace("_", "-"), value]
+    run_job("quadratic_job.py", args, workers=workers, servers=servers, env=env)
+    return [dict(np.load(tmp_path / ("rank%d.npz" % r))) for r in range(workers)]
+
+
+def simulate(workers, steps, lr, momentum=0.0, wd=0.0, rescale=1.0 / problem.BATCH,
+             warmup_steps=0, local_optimizer="predict", local_lr=None, local_momentum=0.0,
+             local_wd=0.0, compensation=0.0, compensation_mode="constant", clip=None,
+             lr_at=None, lr_mults=(1.0, 1.0), wd_mults=(1.0, 1.0), lr_mults_at=None,
+             trained_from=(0, 0), initial=None):
+    """NumPy simulation of OD-SGD on the quadratic problem. Returns per worker the local
+    (weight, bias) after each step, and the final global (weight, bias).
+
+    Parameter k (0: weight, 1: bias) uses lr * lr_mults[k] and wd * wd_mults[k] in the global
+    update and in the local step ('predict': the global rates; 'sgd': local_lr and local_wd
+    times the same multipliers). `lr_at(t)`: the global rate of step t; `lr_mults_at(t)`: the
+    multipliers of step t when they change. Parameter k is trained from step trained_from[k]
+    on; before that neither the servers nor the workers change it."""
+    lr_at = lr_at or (lambda t: lr)
+    lr_mults_at = lr_mults_at or (lambda t: lr_mults)
+    W = [a.copy() for a in (initial or problem.initial_weights())]
+    W_prev = [a.copy() for a in W]
+    mom_global = [np.zeros_like(a) for a in W]
+    local = [[a.copy() for a in W] for _ in range(workers)]
+    m = [[np.zeros_like(a) for a in W] for _ in range(workers)]
+    v = [[np.zeros_like(a) for a in W] for _ in range(workers)]
+    history = [[[], []] for _ in range(workers)]
+    for t in range(steps):
+        grads = [problem.gradients(local[i][0], local[i][1], *problem.batch(i, t))
+                 for i in range(workers)]
+        lr_mult = lr_mults_at(t)
+        trained = [t >= trained_from[k] for k in range(2)]
+        new_W = [ref.global_sgd_step(W[k], sum(g[k] for g in grads), mom_global[k],
+                                     rescale_grad=rescale, lr=lr_at(t) * lr_mult[k],
+                                     momentum=momentum, wd=wd * wd_mults[k])
+                 if trained[k] else W[k] for k in range(2)]
+        for i in range(workers):
+            for k in range(2):
+                if not trained[k]:
+                    pass
+                elif t < warmup_steps:
+                    local[i][k] = new_W[k].copy()
+                elif local_optimizer == "predict":
+                    local[i][k] = ref.predict_step(
+                        local[i][k], W[k], W_prev[k], grads[i][k], v[i][k],
+                        rescale_grad=rescale, lr=lr_at(t) * lr_mult[k], momentum=momentum,
+                        wd=wd * wd_mults[k], lam=compensation, num_workers=workers,
+                        mode=compensation_mode, clip_gradient=clip)
+                else:
+                    local[i][k] = ref.local_sgd_step(
+                        local[i][k], W[k], grads[i][k], m[i][k], v[i][k],
+                        rescale_grad=rescale, lr=local_lr * lr_mult[k], momentum=local_momentum,
+                        wd=local_wd * wd_mults[k], lam=compensation, mode=compensation_mode,
+                        clip_gradient=clip)
+                history[i][k].append(local[i][k].copy())
+        W_prev = [W[k] if trained[k] else W_prev[k] for k in range(2)]
+        W = new_W
+    return history, W
+
+
+def assert_matches(results, history, W, rtol=RTOL, atol=ATOL):
+    for rank, result in enumerate(results):
+        np.testing.assert_allclose(result["local_weight"], np.array(history[rank][0]),
+                                   rtol=rtol, atol=atol, err_msg="worker %d weight" % rank)
+        np.testing.assert_allclose(result["local_bias"], np.array(history[rank][1]),
+                                   rtol=rtol, atol=atol, err_msg="worker %d bias" % rank)
+        np.testing.assert_allclose(result["global_weight"], W[0], rtol=rtol, atol=atol)
+        np.testing.assert_allclose(result["global_bias"], W[1], rtol=rtol, atol=atol)

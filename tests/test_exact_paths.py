@@ -1,0 +1,123 @@
+"""Every MXNet path is exact (issue 9): Module and Gluon with weight decay, biases, BatchNorm,
+lr_mult and wd_mult against dist_sync side by side (warm-up covering every step) and against
+the NumPy simulation in the OD phase; W_0 from rank 0 after kv.init; schedules with
+begin_num_update; a parameter that starts training late; multipliers changed mid-run."""
+import numpy as np
+import pytest
+
+from jobs import quadratic_problem as problem
+from cluster import run_job
+from quadratic_simulation import assert_matches, run, simulate
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def run_rates(tmp_path, name, **options):
+    out = tmp_path / name
+    out.mkdir()
+    args = ["--out", out]
+    for key, value in options.items():
+        args += ["--" + key.replace("_", "-"), value]
+    # dist_odsgd in warm-up over every step: it must then be dist_sync exactly
+    run_job("rates_job.py", args, env={"ODSGD_WARMUP_STEPS": "1000"})
+    return [dict(np.load(out / ("rank%d.npz" % r))) for r in range(2)]
+
+
+def assert_same_runs(a, b):
+    assert sorted(a[0]) == sorted(b[0])
+    for rank, (x, y) in enumerate(zip(a, b)):
+        for name in x:
+            np.testing.assert_allclose(y[name], x[name], rtol=1e-6, atol=1e-7,
+                                       err_msg="worker %d %s" % (rank, name))
+
+
+def test_module_rates_equal_dist_sync(tmp_path):
+    """Module.fit: wd 0.05, biases (wd_mult 0 by name), BatchNorm, lr_mult 0.3 from
+    mx.AttrScope: dist_odsgd in warm-up equals dist_sync at every step on every worker."""
+    sync = run_rates(tmp_path, "sync", api="module", kvstore="dist_sync")
+    od = run_rates(tmp_path, "od", api="module", kvstore="dist_odsgd")
+    assert_same_runs(sync, od)
+
+
+def test_gluon_rates_equal_dist_sync(tmp_path):
+    """gluon.Trainer with Parameter.lr_mult 0.3 and wd_mult 0 on biases and beta. MXNet's
+    dist_sync with update_on_kvstore=True drops them on the servers (the optimizer is pickled
+    without param_dict); dist_sync with update_on_kvstore=False applies them as written, and
+    dist_odsgd (in warm-up) must equal that."""
+    sync = run_rates(tmp_path, "sync", api="gluon", kvstore="dist_sync", update_on_kvstore=0)
+    od = run_rates(tmp_path, "od", api="gluon", kvstore="dist_odsgd")
+    assert_same_runs(sync, od)
+    # and the multipliers matter here: without them the run differs
+    dropped = run_rates(tmp_path, "dropped", api="gluon", kvstore="dist_sync")
+    assert np.abs(dropped[0]["final_fc1_weight"] - sync[0]["final_fc1_weight"]).max() > 1e-3
+
+
+@pytest.mark.parametrize("api", ["gluon", "module"])
+@pytest.mark.parametrize("local_optimizer", ["predict", "sgd"])
+def test_od_phase_uses_each_parameters_rates(tmp_path, api, local_optimizer):
+    """OD phase with wd > 0, lr_mult 0.3 on the weight and wd_mult 0 on the bias (Gluon sets
+    it, Module gives it by name): every worker's local weights equal the simulation in which
+    the servers and the local step use each parameter's own rates."""
+    options = dict(steps=8, lr=0.05, momentum=0.9, wd=0.05, warmup_steps=2,
+                   local_optimizer=local_optimizer, lr_mult_weight=0.3, api=api)
+    local = {}
+    if local_optimizer == "sgd":
+        local = dict(local_lr=0.08, local_momentum=0.5, local_wd=0.02)
+        options.update(local)
+    if api == "gluon":
+        options["wd_mult_bias"] = 0.0
+    results = run(tmp_path, **options)
+    rescale = 1.0 / problem.BATCH / (2 if api == "module" else 1)
+    history, W = simulate(2, 8, 0.05, momentum=0.9, wd=0.05, warmup_steps=2,
+                          local_optimizer=local_optimizer, rescale=rescale,
+                          lr_mults=(0.3, 1.0), wd_mults=(1.0, 0.0), **local)
+    assert_matches(results, history, W)
+
+
+def test_gluon_lr_mult_changed_mid_run_reaches_the_servers(tmp_path):
+    """A Gluon user freezes the weight (lr_mult 0) at step 4: from that step on neither the
+    servers nor the local step move it."""
+    options = dict(steps=8, lr=0.05, momentum=0.0, wd=0.0, warmup_steps=2,
+                   lr_mult_change_step=4, lr_mult_change_to=0.0)
+    results = run(tmp_path, **options)
+    history, W = simulate(2, 8, 0.05, warmup_steps=2,
+                          lr_mults_at=lambda t: (1.0, 1.0) if t < 4 else (0.0, 1.0))
+    assert_matches(results, history, W)
+    np.testing.assert_array_equal(results[0]["local_weight"][4], results[0]["local_weight"][-1])
+
+
+def test_init_takes_rank_zeros_values(tmp_path):
+    """kv.init with other values on rank 1: W_0 is rank 0's on every worker (SPEC section 2),
+    so the first local step on rank 1 starts from rank 0's weights."""
+    results = run(tmp_path, api="store", steps=5, lr=0.05, momentum=0.9, wd=1e-3,
+                  warmup_steps=0, rank_init_offset=0.25)
+    history, W = simulate(2, 5, 0.05, momentum=0.9, wd=1e-3)
+    assert_matches(results, history, W)
+
+
+def test_schedule_counts_from_begin_num_update(tmp_path):
+    """The servers read the schedule at begin_num_update + t + 1; so does the local step."""
+    options = dict(steps=8, lr=0.08, momentum=0.5, warmup_steps=1, lr_factor_step=3,
+                   begin_num_update=5)
+    results = run(tmp_path, **options)
+
+    def lr_at(t):  # FactorScheduler(3, 0.5) at update count 5 + t + 1
+        return 0.08 * 0.5 ** ((5 + t) // 3)
+    history, W = simulate(2, 8, 0.08, momentum=0.5, warmup_steps=1, lr_at=lr_at)
+    assert_matches(results, history, W)
+    np.testing.assert_allclose(results[0]["learning_rates"], [lr_at(t) for t in range(8)],
+                               rtol=1e-6)
+
+
+def test_late_parameter_keeps_the_global_step(tmp_path):
+    """The bias is frozen (grad_req 'null') for 5 steps, then trains: it enters the OD phase
+    at once (warm-up is 3 global steps, not 3 of its own) and at the schedule's global count."""
+    options = dict(steps=9, lr=0.08, momentum=0.5, warmup_steps=3, lr_factor_step=2,
+                   freeze_bias_steps=5)
+    results = run(tmp_path, **options)
+
+    def lr_at(t):
+        return 0.08 * 0.5 ** (t // 2)
+    history, W = simulate(2, 9, 0.08, momentum=0.5, warmup_steps=3, lr_at=lr_at,
+                          trained_from=(0, 5))
+    assert_matches(results, history, W)
