@@ -121,3 +121,22 @@ def test_late_parameter_keeps_the_global_step(tmp_path):
     history, W = simulate(2, 9, 0.08, momentum=0.5, warmup_steps=3, lr_at=lr_at,
                           trained_from=(0, 5))
     assert_matches(results, history, W)
+
+
+def test_float16_weights_with_multi_precision(tmp_path):
+    """float16 weights, multi_precision SGD (the servers keep float32 copies): the fused
+    operators take float32 only, so the local step runs as NDArray operations in float16 (the
+    documented behaviour). Warm-up equals dist_sync exactly; the OD phase follows the float32
+    simulation to float16 precision."""
+    common = dict(api="store", steps=6, lr=0.05, momentum=0.9, wd=1e-3, dtype="float16")
+    (tmp_path / "sync").mkdir()
+    (tmp_path / "warm").mkdir()
+    (tmp_path / "od").mkdir()
+    sync = run(tmp_path / "sync", kvstore="dist_sync", **common)
+    warm = run(tmp_path / "warm", kvstore="dist_odsgd", warmup_steps=6, **common)
+    for a, b in zip(sync, warm):
+        for name in ("local_weight", "local_bias", "global_weight", "global_bias"):
+            np.testing.assert_array_equal(b[name], a[name], err_msg=name)
+    od = run(tmp_path / "od", kvstore="dist_odsgd", warmup_steps=2, **common)
+    history, W = simulate(2, 6, 0.05, momentum=0.9, wd=1e-3, warmup_steps=2)
+    assert_matches(od, history, W, rtol=2e-2, atol=5e-3)   # float16: 11-bit mantissa

@@ -37,6 +37,9 @@ def parse_args(argv=None):
     p.add_argument("--lr-mult-change-to", type=float, default=0.0)
     p.add_argument("--freeze-bias-steps", type=int, default=0,
                    help="gluon: the bias has grad_req 'null' for this many steps, then trains")
+    p.add_argument("--dtype", choices=["float32", "float16"], default="float32",
+                   help="store: float16 weights and gradients, with multi_precision SGD (the "
+                        "gradients are computed in float32 from the float16 weights)")
     p.add_argument("--rank-init-offset", type=float, default=0.0,
                    help="store: worker r initialises the keys with W_0 + r * this (rank 0's "
                         "values must win)")
@@ -164,23 +167,27 @@ def run_store(args, kv):
     """The store's own API, as a user without Trainer or Module: kv.init with this worker's
     values (rank 0's must become W_0 everywhere), kv.pull, one pushpull of both keys a step."""
     optimizer = mx.optimizer.create("sgd", rescale_grad=1.0 / problem.BATCH,
+                                    multi_precision=args.dtype != "float32",
                                     **optimizer_params(args))
     kv.set_optimizer(optimizer)
     weight, bias = problem.initial_weights()
     offset = kv.rank * args.rank_init_offset
-    kv.init([0, 1], [mx.nd.array(weight + offset), mx.nd.array(bias + offset)])
-    arrays = [mx.nd.zeros(weight.shape), mx.nd.zeros(bias.shape)]
+    dtype = args.dtype
+    kv.init([0, 1], [mx.nd.array(weight + offset, dtype=dtype),
+                     mx.nd.array(bias + offset, dtype=dtype)])
+    arrays = [mx.nd.zeros(weight.shape, dtype=dtype), mx.nd.zeros(bias.shape, dtype=dtype)]
     kv.pull([0, 1], out=arrays)
     local_w, local_b = [], []
     for step in range(args.steps):
         X, Y = problem.batch(kv.rank, step)
-        grads = problem.gradients(arrays[0].asnumpy(), arrays[1].asnumpy(), X, Y)
-        kv.pushpull([0, 1], [mx.nd.array(g) for g in grads], out=arrays)
-        local_w.append(arrays[0].asnumpy())
-        local_b.append(arrays[1].asnumpy())
+        grads = problem.gradients(arrays[0].asnumpy().astype(np.float32),
+                                  arrays[1].asnumpy().astype(np.float32), X, Y)
+        kv.pushpull([0, 1], [mx.nd.array(g, dtype=dtype) for g in grads], out=arrays)
+        local_w.append(arrays[0].asnumpy().astype(np.float32))
+        local_b.append(arrays[1].asnumpy().astype(np.float32))
     kv.pull([0, 1], out=arrays)
-    return (np.array(local_w), np.array(local_b), arrays[0].asnumpy(), arrays[1].asnumpy(),
-            np.zeros(0))
+    return (np.array(local_w), np.array(local_b), arrays[0].asnumpy().astype(np.float32),
+            arrays[1].asnumpy().astype(np.float32), np.zeros(0))
 
 
 def main():
