@@ -403,3 +403,29 @@ def test_build_command_fails_clearly_without_a_compiler(native):
                             universal_newlines=True, timeout=120)
     assert result.returncode == 1
     assert "build failed" in result.stderr and "no-such-compiler-odsgd" in result.stderr
+
+
+def test_cuda_check_fails_clearly_without_nvcc(native):
+    result = subprocess.run([sys.executable, "-m", "odsgd.native", "check-cuda", "--nvcc",
+                             "no-such-nvcc-odsgd"], cwd=REPO, env=_child_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            universal_newlines=True, timeout=120)
+    assert result.returncode == 1
+    assert "check-cuda failed" in result.stderr and "no-such-nvcc-odsgd" in result.stderr
+
+
+def test_installed_headers_are_the_cuda_wheels(native):
+    """The CUDA check builds against the CPU wheel's extension headers because they are
+    byte-identical to mxnet-cu112's (recorded hashes); a mismatch must fail the check."""
+    from odsgd.native import build
+    import mxnet as mx
+    include = os.path.join(os.path.dirname(mx.__file__), "include")
+    build._check_cu112_interface(include)      # raises on a mismatch
+    with pytest.raises(build.NativeBuildError, match="differs from the one in mxnet-cu112"):
+        original = dict(build.CU112_INTERFACE_SHA256)
+        try:
+            build.CU112_INTERFACE_SHA256[("mxnet", "lib_api.h")] = "0" * 64
+            build._check_cu112_interface(include)
+        finally:
+            build.CU112_INTERFACE_SHA256.clear()
+            build.CU112_INTERFACE_SHA256.update(original)

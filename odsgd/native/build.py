@@ -28,6 +28,16 @@ from .library import BUILD_INFO_NAME, LIB_DIR, LIB_NAME, SOURCE_DIR, release, so
 DEFAULT_CUDA_ARCHS = (70, 75, 80, 86, 89, 90)
 
 
+# SHA-256 of the extension interface in the mxnet-cu112==1.9.1 wheel (read from the wheel, a
+# zip file). Every file under mxnet/include/ and mxnet/src/ of that wheel is byte-identical
+# to the CPU wheel mxnet==1.9.1 (170 files compared), so a CUDA build checked against the
+# CPU wheel's headers is the build a cu112 user gets; check_cuda() verifies these two.
+CU112_INTERFACE_SHA256 = {
+    ("mxnet", "lib_api.h"): "9ff868aeab2ca005efe9c87e3de34fb3fbbc9e3707e1fb43e3b8ade22c522aaf",
+    ("..", "src", "lib_api.cc"): "b7450f50c4b4aed6b2099552141503aa7e1d9bd4ccd9c93c5d10c06167fb4077",
+}
+
+
 class NativeBuildError(RuntimeError):
     """The library could not be built; the message says why and what to do."""
 
@@ -329,14 +339,18 @@ def check_cuda(nvcc=None, include_dir=None, verbose=True):
                                "one `make cuda-check` installs" % (nvcc or "not on PATH"))
     if not sources(".cu"):
         raise NativeBuildError("no CUDA sources in %s" % SOURCE_DIR)
+    given_include = include_dir is not None
     include_dir, lib_api_cc = _mxnet_headers(include_dir)
+    if not given_include:
+        _check_cu112_interface(include_dir)
     cxx = _find_cxx()
     version = _nvcc_version(nvcc)
     _say(verbose, "checking the CUDA kernels with nvcc %s (%s)"
          % ("%d.%d" % version if version else "?", nvcc))
     with tempfile.TemporaryDirectory(prefix="odsgd-cuda-check-") as scratch:
         objects, cuda_command, archs, link = _compile_cuda(nvcc, scratch, verbose)
-        command = _link_command(cxx, _cxx_flags(cxx) + ["-DODSGD_WITH_CUDA"], include_dir,
+        # -O0: the check is for compile and link errors; optimising would triple its time.
+        command = _link_command(cxx, _cxx_flags(cxx) + ["-DODSGD_WITH_CUDA", "-O0"], include_dir,
                                 lib_api_cc, objects, os.path.join(scratch, LIB_NAME), link)
         _run(command, verbose, "link")
     seconds = time.time() - started
@@ -345,6 +359,19 @@ def check_cuda(nvcc=None, include_dir=None, verbose=True):
     return {"nvcc": "%d.%d" % version if version else None, "archs": archs,
             "cuda_command": shlex.join(cuda_command), "link_command": shlex.join(command),
             "seconds": seconds}
+
+
+def _check_cu112_interface(include_dir):
+    """NativeBuildError unless the headers at `include_dir` are mxnet-cu112 1.9.1's."""
+    import hashlib
+    for parts, expected in CU112_INTERFACE_SHA256.items():
+        path = os.path.normpath(os.path.join(include_dir, *parts))
+        with open(path, "rb") as handle:
+            digest = hashlib.sha256(handle.read()).hexdigest()
+        if digest != expected:
+            raise NativeBuildError("%s differs from the one in mxnet-cu112==1.9.1 (sha256 %s); "
+                                   "pass --mxnet-include with the include folder of the CUDA "
+                                   "wheel you target" % (path, digest))
 
 
 def main(argv=None):
