@@ -417,8 +417,9 @@ def test_cuda_check_fails_clearly_without_nvcc(native):
 def test_installed_headers_are_the_cuda_wheels(native):
     """The CUDA check builds against the CPU wheel's extension headers because they are
     byte-identical to mxnet-cu112's (recorded hashes); a mismatch must fail the check."""
-    from odsgd.native import build
+    import importlib
     import mxnet as mx
+    build = importlib.import_module("odsgd.native.build")   # the package re-exports build()
     include = os.path.join(os.path.dirname(mx.__file__), "include")
     build._check_cu112_interface(include)      # raises on a mismatch
     with pytest.raises(build.NativeBuildError, match="differs from the one in mxnet-cu112"):
