@@ -9,7 +9,8 @@ store does per key) against one multi-array call (odsgd.native.multi_update_ wit
 send_flat, which does the copy too), for P = 1, 16 and 162 arrays of a Dense(16) net
 (16x16 weights and 16 biases) and for ResNet-50 v1's 161 parameter shapes. "issue" is the
 Python time until the calls return (what the training loop's thread pays), "total" until
-MXNet's engine has run them (mx.nd.waitall). Per-array time = total / P.
+MXNet's engine has run them (mx.nd.waitall), each call starting on idle arrays as in a
+training step. Per-array time = total / P.
 
 bandwidth: for each array size and compensation mode it times three things and reports memory bandwidth:
 
@@ -205,24 +206,24 @@ def dispatch_calls(shapes, seed):
 
 
 def time_dispatch(call, repeats, min_time):
-    """(issue seconds, total seconds) per call: medians over `repeats` runs of `iters` calls,
-    issue measured before mx.nd.waitall(), total after it."""
+    """(issue seconds, total seconds) of one call on idle arrays, as in a training step,
+    where the arrays were last written a whole forward/backward ago: every call starts
+    after mx.nd.waitall(); issue is measured when it returns, total after the next waitall.
+    Medians over `repeats` runs of calls lasting about `min_time` seconds each."""
     mx.nd.waitall()
     start = time.perf_counter()
     call()
     mx.nd.waitall()
     iters = max(1, int(min_time / max(time.perf_counter() - start, 1e-6)))
     issue, total = [], []
-    for _ in range(repeats):
+    for _ in range(repeats * iters):
         mx.nd.waitall()
         start = time.perf_counter()
-        for _ in range(iters):
-            call()
+        call()
         issued = time.perf_counter()
         mx.nd.waitall()
-        done = time.perf_counter()
-        issue.append((issued - start) / iters)
-        total.append((done - start) / iters)
+        issue.append(issued - start)
+        total.append(time.perf_counter() - start)
     return {"issue_s": statistics.median(issue), "total_s": statistics.median(total),
             "total_min_s": min(total), "total_max_s": max(total), "iters": iters}
 

@@ -25,7 +25,6 @@ BATCH, TRAIN_BATCHES, VAL_BATCHES = 8, 6, 2
 def parse_args(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--api", choices=["module", "gluon"], required=True)
-    p.add_argument("--kvstore", default="dist_odsgd")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--out", required=True)
     return p.parse_args(argv)
@@ -49,9 +48,7 @@ def initial_params():
             for name, shape in shapes.items()}
 
 
-def store(kvstore):
-    if kvstore != "dist_odsgd":
-        return mx.kv.create(kvstore)
+def store():
     # Every step in the OD phase, with momentum and the compensation term: the fused op
     # (or its fallback) runs on every parameter at every step.
     return odsgd.DistODSGD(local_optimizer="sgd",
@@ -85,11 +82,7 @@ def run_module(args, kv):
             optimizer_params=OPTIMIZER, eval_metric="acc",
             arg_params={k: mx.nd.array(v) for k, v in initial_params().items()},
             epoch_end_callback=snapshot)
-    if args.kvstore == "dist_odsgd":
-        odsgd.load_global_weights(mod)
-    else:
-        for name, arrays in zip(mod._exec_group.param_names, mod._exec_group.param_arrays):
-            kv.pull(name, out=arrays)
+    odsgd.load_global_weights(mod)
     arg_params, _ = mod.get_params()
     snapshots.update(("global_" + k, v.asnumpy()) for k, v in arg_params.items())
     return snapshots
@@ -131,11 +124,7 @@ def run_gluon(args, kv):
         print("epoch %d validation %s=%.3f" % ((epoch,) + metric.get()), flush=True)
         for name, param in net.collect_params().items():
             snapshots["epoch%d_%s" % (epoch, name)] = param.data().asnumpy()
-    if args.kvstore == "dist_odsgd":
-        odsgd.load_global_weights(trainer)
-    else:
-        for i, param in enumerate(trainer._params):
-            kv.pull(i, out=param.list_data())
+    odsgd.load_global_weights(trainer)
     snapshots.update(("global_" + name, param.data().asnumpy())
                      for name, param in net.collect_params().items())
     return snapshots
@@ -143,7 +132,7 @@ def run_gluon(args, kv):
 
 def main():
     args = parse_args()
-    kv = store(args.kvstore)
+    kv = store()
     snapshots = run_module(args, kv) if args.api == "module" else run_gluon(args, kv)
     mx.nd.waitall()
     np.savez(os.path.join(args.out, "rank%d.npz" % kv.rank),
