@@ -8,23 +8,25 @@
  * flattened in C order. The weights and gradients stay the caller's own arrays.
  *
  *   odsgd_multi_local_update(weights[P], grads[P], global_flat, mom_flat, var_flat,
- *                            send_flat, out=weights)
+ *                            out=weights [+ send_flat])
  *     The 'sgd' local step of SPEC.md section 2 on every array, array k with lr = lrs[k]
  *     and wd = wds[k]; mom_flat (and var_flat when adaptive) updated in place.
  *   odsgd_multi_predict_update(weights[P], grads[P], global_flat, prev_global_flat,
- *                              var_flat, send_flat, out=weights)
+ *                              var_flat, out=weights [+ send_flat])
  *     The 'predict' local step of SPEC.md section 2 on every array.
- *   With send=1 both also write send_flat[off_k + i] = grads[k][i] (the raw gradient for the
- *   push) in the same pass.
+ *   With send=1 both have one more output, send_flat, and write send_flat[off_k + i] =
+ *   grads[k][i] (the raw gradient for the push) in the same pass. It is an output, not a
+ *   mutable input, because MXNet's engine records a failure of the operator on its outputs
+ *   only: a push of send_flat after a failed call is then skipped with the error instead of
+ *   sending stale data.
  *   odsgd_gather(arrays[P], out=flat)            flat = concatenation of the arrays
  *   odsgd_scatter(flat, arrays[P], out=arrays)   arrays[k] = flat[off_k, off_k + n_k); the
  *     arrays are inputs too only so that their shapes are known (never read).
  *
  * Attributes: num_arrays (P >= 1); for the updates also lrs and wds (P comma-separated
  * numbers each), rescale_grad, clip_gradient (<= 0: off), momentum, lam, adaptive (0/1),
- * beta, eps, send (0/1), and num_workers for predict. var_flat and send_flat are never
- * touched when adaptive / send is 0 and may then be any float32 array (a 1-element
- * placeholder).
+ * beta, eps, send (0/1), and num_workers for predict. var_flat is never touched when
+ * adaptive is 0 and may then be any float32 array (a 1-element placeholder).
  */
 #include <algorithm>
 #include <cstdint>
@@ -49,8 +51,7 @@ namespace {
 constexpr int kFlatGlobal = 0;
 constexpr int kFlatAux = 1;    // mom_flat (local) or prev_global_flat (predict)
 constexpr int kFlatVar = 2;
-constexpr int kFlatSend = 3;
-constexpr int kNumFlat = 4;
+constexpr int kNumFlat = 3;
 // ps-lite and MXNet handle at most a few thousand parameters per model; this bound only
 // stops a corrupt attribute from allocating absurd tables.
 constexpr int64_t kMaxArrays = 1 << 20;
@@ -69,8 +70,8 @@ bool IsUpdate(MultiKind kind) {
 }
 
 std::string FlatName(MultiKind kind, int which) {
-  static const char* local[] = {"global_flat", "mom_flat", "var_flat", "send_flat"};
-  static const char* predict[] = {"global_flat", "prev_global_flat", "var_flat", "send_flat"};
+  static const char* local[] = {"global_flat", "mom_flat", "var_flat"};
+  static const char* predict[] = {"global_flat", "prev_global_flat", "var_flat"};
   return (kind == MultiKind::kLocal ? local : predict)[which];
 }
 
@@ -160,7 +161,10 @@ int NumInputs(MultiKind kind, int num) {
   return 2 * num + kNumFlat;
 }
 
-int NumOutputs(MultiKind kind, int num) { return kind == MultiKind::kGather ? 1 : num; }
+int NumOutputs(MultiKind kind, const MultiConfig& cfg) {
+  if (kind == MultiKind::kGather) return 1;
+  return cfg.num + (IsUpdate(kind) && cfg.send ? 1 : 0);
+}
 
 // ---------------------------------------------------------------------------------------
 // Operator properties
@@ -170,7 +174,7 @@ MXReturnValue ParseAttrs(const Attrs& attrs, int* num_in, int* num_out) {
   MultiConfig cfg;
   if (!ParseConfig(attrs, kKind, true, &cfg)) return MX_FAIL;
   *num_in = NumInputs(kKind, cfg.num);
-  *num_out = NumOutputs(kKind, cfg.num);
+  *num_out = NumOutputs(kKind, cfg);
   return MX_SUCCESS;
 }
 
@@ -240,17 +244,17 @@ MXReturnValue InferShape(const Attrs& attrs, std::vector<std::vector<unsigned in
   }
   for (int which = 0; which < kNumFlat; ++which) {
     if (which == kFlatVar && !cfg.adaptive) continue;   // never accessed: a placeholder will do
-    if (which == kFlatSend && !cfg.send) continue;
     if (!CheckFlatShape(kKind, FlatName(kKind, which), in[2 * num + which], total)) {
       return MX_FAIL;
     }
   }
+  if (cfg.send) (*out_shapes)[num] = {static_cast<unsigned int>(total)};
   return MX_SUCCESS;
 }
 
-// The arrays the operator writes besides its outputs. var and send are declared only when
-// used: MXNet's engine serialises every operator that writes an array, so a shared
-// placeholder declared written would serialise unrelated calls.
+// The arrays the operator writes besides its outputs. var is declared only when used:
+// MXNet's engine serialises every operator that writes an array, so a shared placeholder
+// declared written would serialise unrelated calls.
 template <MultiKind kKind>
 MXReturnValue MutateInputs(const Attrs& attrs, std::vector<int>* input_indices) {
   if (!IsUpdate(kKind)) return MX_SUCCESS;
@@ -259,7 +263,6 @@ MXReturnValue MutateInputs(const Attrs& attrs, std::vector<int>* input_indices) 
   const int flat = 2 * cfg.num;
   if (kKind == MultiKind::kLocal) input_indices->push_back(flat + kFlatAux);
   if (cfg.adaptive) input_indices->push_back(flat + kFlatVar);
-  if (cfg.send) input_indices->push_back(flat + kFlatSend);
   return MX_SUCCESS;
 }
 
@@ -335,11 +338,10 @@ bool CheckNoAliasing(MultiKind kind, const MultiConfig& cfg, std::vector<MXTenso
     }
     for (int which = 0; which < kNumFlat; ++which) {
       if (which == kFlatVar && !cfg.adaptive) continue;
-      if (which == kFlatSend && !cfg.send) continue;
-      const bool written = (which == kFlatAux && kind == MultiKind::kLocal) ||
-                           which == kFlatVar || which == kFlatSend;
+      const bool written = (which == kFlatAux && kind == MultiKind::kLocal) || which == kFlatVar;
       spans.push_back(SpanOf((*inputs)[2 * num + which], FlatName(kind, which), written));
     }
+    if (cfg.send) spans.push_back(SpanOf((*outputs)[num], "send_flat", true));
   }
   return CheckNoOverlap(OpName(kind), spans,
                         "pass distinct arrays (an output may only be its own input)");
@@ -357,8 +359,9 @@ bool Prepare(const Attrs& attrs, MultiKind kind, std::vector<MXTensor>* inputs,
   return CheckNoAliasing(kind, *cfg, inputs, outputs);
 }
 
-FlatArrays FlatArraysOf(MultiKind kind, int num, std::vector<MXTensor>* inputs,
+FlatArrays FlatArraysOf(MultiKind kind, const MultiConfig& cfg, std::vector<MXTensor>* inputs,
                         std::vector<MXTensor>* outputs) {
+  const int num = cfg.num;
   FlatArrays f{nullptr, nullptr, nullptr, nullptr, nullptr};
   if (kind == MultiKind::kGather) {
     f.flat = static_cast<float*>((*outputs)[0].data_ptr);
@@ -368,7 +371,7 @@ FlatArrays FlatArraysOf(MultiKind kind, int num, std::vector<MXTensor>* inputs,
     f.global_w = static_cast<const float*>((*inputs)[2 * num + kFlatGlobal].data_ptr);
     f.aux = static_cast<float*>((*inputs)[2 * num + kFlatAux].data_ptr);
     f.var = static_cast<float*>((*inputs)[2 * num + kFlatVar].data_ptr);
-    f.send = static_cast<float*>((*inputs)[2 * num + kFlatSend].data_ptr);
+    f.send = cfg.send ? static_cast<float*>((*outputs)[num].data_ptr) : nullptr;
   }
   return f;
 }
@@ -476,7 +479,7 @@ MXReturnValue ForwardCPU(const Attrs& attrs, std::vector<MXTensor>* inputs,
   if (!Prepare(attrs, kKind, inputs, outputs, &cfg)) return MX_FAIL;
   HostTable table;
   BuildTable(kKind, cfg, inputs, outputs, &table);
-  const FlatArrays f = FlatArraysOf(kKind, cfg.num, inputs, outputs);
+  const FlatArrays f = FlatArraysOf(kKind, cfg, inputs, outputs);
   if (!IsUpdate(kKind)) {
     CopySegmentsCPU(kKind, cfg.num, table, f);
     return MX_SUCCESS;
@@ -518,7 +521,7 @@ MXReturnValue ForwardGPU(const Attrs& attrs, std::vector<MXTensor>* inputs,
   }
   if (rc == 0 && table.total > 0) {
     rc = LaunchMultiCuda(kKind, table.total, cfg.num, device_table, cfg.p, cfg.clip,
-                         cfg.adaptive, cfg.send, FlatArraysOf(kKind, cfg.num, inputs, outputs),
+                         cfg.adaptive, cfg.send, FlatArraysOf(kKind, cfg, inputs, outputs),
                          stream);
   }
   if (rc != 0) {

@@ -430,3 +430,14 @@ def test_installed_headers_are_the_cuda_wheels(native):
         finally:
             build.CU112_INTERFACE_SHA256.clear()
             build.CU112_INTERFACE_SHA256.update(original)
+
+
+def test_package_imports_without_mxnet_on_servers():
+    """On a parameter server `import mxnet` never returns, so odsgd.native and its modules
+    must import without importing mxnet."""
+    out = _run_child("""
+        import json, sys
+        import odsgd.native, odsgd.native.build, odsgd.native.ops, odsgd.native.layout
+        print(json.dumps({"mxnet_imported": "mxnet" in sys.modules}))
+        """, DMLC_ROLE="server")
+    assert out == {"mxnet_imported": False}

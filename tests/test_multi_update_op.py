@@ -327,3 +327,30 @@ def test_weights_in_mkldnn_layout_go_through_the_ops(native):  # noqa: F811
     native.scatter_(_nd(_flat(values)), targets)
     for target, value in zip(targets, values):
         np.testing.assert_array_equal(target.asnumpy(), value)
+
+
+def _failing_call(native, weights, grads, global_flat, send):
+    """A call that the engine refuses when it runs it: mom_flat overlaps send_flat."""
+    native.multi_update_("sgd", weights, grads, global_flat, mom_flat=send, send_flat=send,
+                         lrs=[0.1] * 3, wds=[0.0] * 3, **COMMON)
+
+
+def test_a_failure_inside_the_operator_surfaces_at_the_next_call(native):  # noqa: F811
+    """An error found when the engine runs the operator lands on its outputs, and MXNet 1.9
+    raises it once, at the first wait on any of them: the next call on the same weights
+    raises it in the caller's thread (before it pushes anything); a read of send_flat raises
+    it as well (it is an output, so a push of it cannot go out with stale data)."""
+    import mxnet as mx
+    weights, grads, global_flat, _ = _group()
+    _failing_call(native, weights, grads, global_flat, mx.nd.zeros((12,)))
+    with pytest.raises(mx.base.MXNetError) as caught:
+        native.multi_update_("sgd", weights, grads, global_flat, mom_flat=mx.nd.zeros((12,)),
+                             lrs=[0.1] * 3, wds=[0.0] * 3, **COMMON)
+    assert "shares memory with" in _last_extension_error(caught.value)
+
+    weights, grads, global_flat, _ = _group()
+    send = mx.nd.zeros((12,))
+    _failing_call(native, weights, grads, global_flat, send)
+    with pytest.raises(mx.base.MXNetError) as caught:
+        send.asnumpy()
+    assert "shares memory with" in _last_extension_error(caught.value)

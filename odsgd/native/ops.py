@@ -83,8 +83,8 @@ def _invoke(name, inputs, outputs, items):
 
 def _placeholder(context):
     """A shared 1-element float32 array of `context`, passed where an operator input is not
-    used (var outside adaptive mode, send_flat when not given). The operators neither read
-    it nor declare it written, so sharing it creates no dependency between calls."""
+    used (var outside adaptive mode). The operators neither read it nor declare it written,
+    so sharing it creates no dependency between calls."""
     key = (context.device_type, context.device_id)
     array = _placeholders.get(key)
     if array is None:
@@ -332,9 +332,12 @@ def multi_update_(kind, weights, grads, global_flat, *, prev_global_flat=None, m
     layout.to_default_layout(weights, context)
     inputs = list(weights)
     inputs += grads
-    inputs += (global_flat, aux, var_flat, send_flat if send else _placeholder(context))
+    inputs += (global_flat, aux, var_flat)
+    # send_flat is an output: MXNet records an operator's failure on its outputs only, so a
+    # push of send_flat after a failed call is skipped with the error, never sends stale data.
+    outputs = list(weights) + [send_flat] if send else weights
     _invoke("odsgd_multi_local_update" if kind == "sgd" else "odsgd_multi_predict_update",
-            inputs, weights, items)
+            inputs, outputs, items)
     return weights
 
 
