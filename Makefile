@@ -7,7 +7,17 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install native demo test bench clean
+# CUDA compile check of `make test` (no GPU needed): nvcc from PyPI, installed once into
+# $(CUDA_DIR); see docs/gpu.md for why CUDA 13's wheel (the -cu11/-cu12 wheels hold no nvcc).
+CUDA_NVCC  ?= nvidia-cuda-nvcc==13.5.37
+CUDA_DIR   := $(VENV)/cuda
+CUDA_STAMP := $(CUDA_DIR)/.installed
+
+CUDA_CHECKED := $(CUDA_DIR)/.checked
+# The oldest architecture CUDA 13 compiles for (T4) and Hopper (H100/H200).
+CUDA_CHECK_ARCH ?= 75;90
+
+.PHONY: install native demo test bench clean cuda-check
 
 install: $(STAMP)
 
@@ -26,8 +36,20 @@ native: $(STAMP)
 demo: $(STAMP)
 	$(PY) scripts/demo.py
 
-test: $(STAMP)
+test: $(STAMP) cuda-check
 	$(PY) -m pytest -q tests
+
+$(CUDA_STAMP): $(STAMP)
+	$(PY) -m pip install -q --target $(CUDA_DIR) "$(CUDA_NVCC)"
+	touch $(CUDA_STAMP)
+
+# Compiles and links the CUDA kernels against the installed MXNet's headers; fails on error.
+# Runs again only when kvstore_ext/ changes.
+cuda-check: $(CUDA_CHECKED)
+
+$(CUDA_CHECKED): $(CUDA_STAMP) $(wildcard kvstore_ext/*)
+	ODSGD_CUDA_ARCH="$(CUDA_CHECK_ARCH)" $(PY) -m odsgd.native check-cuda --nvcc $(CUDA_DIR)/nvidia/cu13/bin/nvcc
+	touch $(CUDA_CHECKED)
 
 bench: $(STAMP)
 	$(PY) -m odsgd.bench throughput --batch-size 1024 --bandwidth-mbit 2000,4000,6000,0 \

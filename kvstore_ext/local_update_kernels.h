@@ -87,25 +87,135 @@ ODSGD_HOST_DEVICE float PredictStep(const UpdateParams& p, float w, float grad, 
 }
 
 /*!
- * \brief Calls fn(clip, adaptive) with each flag as std::true_type or std::false_type, so
- *  that fn can pick the kernel instantiation: decltype(clip)::value is a constant there.
+ * \brief One element i of the local SGD step on whole arrays: the loop body of the CPU
+ *  kernels and of the CUDA kernels alike. With kSend it also writes the raw gradient to
+ *  send[i] (the store's push buffer), so the copy costs no pass of its own.
+ */
+template <bool kClip, bool kAdaptive, bool kSend>
+ODSGD_HOST_DEVICE void LocalUpdateAt(int64_t i, const UpdateParams& p, float* w,
+                                     const float* grad, const float* global_w, float* mom,
+                                     float* var, float* send) {
+  const float raw = grad[i];
+  if (kSend) send[i] = raw;
+  float m = mom[i];
+  float v = kAdaptive ? var[i] : 0.0f;
+  w[i] = LocalStep<kClip, kAdaptive>(p, w[i], raw, global_w[i], &m, &v);
+  mom[i] = m;
+  if (kAdaptive) var[i] = v;
+}
+
+/*! \brief One element i of the 'predict' step on whole arrays (see LocalUpdateAt). */
+template <bool kClip, bool kAdaptive, bool kSend>
+ODSGD_HOST_DEVICE void PredictUpdateAt(int64_t i, const UpdateParams& p, float* w,
+                                       const float* grad, const float* global_w,
+                                       const float* prev_global_w, float* var, float* send) {
+  const float raw = grad[i];
+  if (kSend) send[i] = raw;
+  float v = kAdaptive ? var[i] : 0.0f;
+  w[i] = PredictStep<kClip, kAdaptive>(p, w[i], raw, global_w[i], prev_global_w[i], &v);
+  if (kAdaptive) var[i] = v;
+}
+
+/*!
+ * \brief Calls fn(flag) with std::true_type or std::false_type, so that fn can pick a
+ *  template instantiation: decltype(flag)::value is a constant there. Nest calls for
+ *  several flags.
  */
 template <typename Fn>
-void DispatchFlags(bool clip, bool adaptive, Fn fn) {
-  if (clip) {
-    if (adaptive) fn(std::true_type(), std::true_type());
-    else fn(std::true_type(), std::false_type());
+void DispatchBool(bool flag, Fn fn) {
+  if (flag) {
+    fn(std::true_type());
   } else {
-    if (adaptive) fn(std::false_type(), std::true_type());
-    else fn(std::false_type(), std::false_type());
+    fn(std::false_type());
   }
 }
 
+/*! \brief DispatchBool for the (clip, adaptive) pair of every update kernel. */
+template <typename Fn>
+void DispatchFlags(bool clip, bool adaptive, Fn fn) {
+  DispatchBool(clip, [&](auto kclip) {
+    DispatchBool(adaptive, [&](auto kadaptive) { fn(kclip, kadaptive); });
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// Multi-array operators: P arrays of any sizes n_k, laid end to end in a flat layout with
+// offsets off_0 = 0, off_{k+1} = off_k + n_k (the states and the global weights are flat
+// arrays of length off_P; the weights and gradients stay separate arrays).
+
+/*!
+ * \brief The per-array part of a multi-array call, as one block of memory (host or device):
+ *  offsets[P+1] (int64), out[P] and in[P] (float pointers: the written arrays, e.g. the
+ *  weights, and the read ones, e.g. the gradients), lr[P] and wd[P] (float32).
+ */
+struct SegmentTable {
+  const int64_t* offsets;
+  float* const* out;
+  const float* const* in;
+  const float* lr;
+  const float* wd;
+};
+
+/*! \brief Bytes of a SegmentTable block for `num` arrays (every part stays 8-byte aligned). */
+inline int64_t SegmentTableBytes(int num) {
+  const int64_t floats = 2 * static_cast<int64_t>(num) * static_cast<int64_t>(sizeof(float));
+  return static_cast<int64_t>(num + 1) * 8 + 2 * static_cast<int64_t>(num) * 8 +
+         ((floats + 7) / 8) * 8;
+}
+
+/*! \brief The SegmentTable view of a block laid out as SegmentTableBytes describes. */
+ODSGD_HOST_DEVICE SegmentTable ViewSegmentTable(const void* block, int num) {
+  const char* base = static_cast<const char*>(block);
+  SegmentTable t;
+  t.offsets = reinterpret_cast<const int64_t*>(base);
+  t.out = reinterpret_cast<float* const*>(base + static_cast<int64_t>(num + 1) * 8);
+  t.in = reinterpret_cast<const float* const*>(base + static_cast<int64_t>(2 * num + 1) * 8);
+  t.lr = reinterpret_cast<const float*>(base + static_cast<int64_t>(3 * num + 1) * 8);
+  t.wd = t.lr + num;
+  return t;
+}
+
+/*! \brief The array k holding flat element i (0 <= i < offsets[num]): the largest k with
+ *  offsets[k] <= i, which skips empty arrays (offsets[k] == offsets[k+1]). */
+ODSGD_HOST_DEVICE int FindSegment(const int64_t* offsets, int num, int64_t i) {
+  int lo = 0, hi = num;
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    if (offsets[mid] <= i) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+/*! \brief Hyper-parameters of array k: the call's, with array k's lr and wd. */
+ODSGD_HOST_DEVICE UpdateParams ParamsOf(const UpdateParams& p, const SegmentTable& t, int k) {
+  UpdateParams q = p;
+  q.lr = t.lr[k];
+  q.wd = t.wd[k];
+  return q;
+}
+
+/*! \brief What a multi-array kernel does besides the per-array table. */
+enum class MultiKind { kLocal, kPredict, kGather, kScatter };
+
+/*! \brief The flat arrays of a multi-array call (device or host pointers). `aux` is mom
+ *  (kLocal) or prev_global_weight (kPredict); `var` and `send` are only touched when the
+ *  call is adaptive / has a send buffer. For kGather/kScatter only `flat` is used. */
+struct FlatArrays {
+  const float* global_w;
+  float* aux;
+  float* var;
+  float* send;
+  float* flat;
+};
 #if defined(ODSGD_WITH_CUDA)
 /*
  * CUDA launchers, defined in local_update_op_gpu.cu. Pointers are device pointers; `stream`
  * is the cudaStream_t MXNet hands the operator (void* here so that this header and the .cc
- * file need no CUDA headers). `w` is read and written in place; `var` is only touched when
+ * files need no CUDA headers). `w` is read and written in place; `var` is only touched when
  * adaptive. Return 0 on success, otherwise a cudaError_t value.
  */
 int LaunchLocalUpdateCuda(int64_t n, const UpdateParams& p, bool clip, bool adaptive, float* w,
@@ -114,8 +224,19 @@ int LaunchLocalUpdateCuda(int64_t n, const UpdateParams& p, bool clip, bool adap
 int LaunchPredictUpdateCuda(int64_t n, const UpdateParams& p, bool clip, bool adaptive,
                             float* w, const float* grad, const float* global_w,
                             const float* prev_global_w, float* var, void* stream);
-/*! \brief Asynchronous device-to-device copy of `bytes` bytes on `stream`. */
+/*!
+ * \brief One kernel over all `total` elements of a multi-array call. `device_table` is a
+ *  SegmentTable block of `num` arrays in device memory; `p` gives the shared
+ *  hyper-parameters (each array's lr and wd come from the table).
+ */
+int LaunchMultiCuda(MultiKind kind, int64_t total, int num, const void* device_table,
+                    const UpdateParams& p, bool clip, bool adaptive, bool send,
+                    const FlatArrays& flat, void* stream);
+/*! \brief Asynchronous copy of `bytes` bytes on `stream`, device to device. */
 int CopyDeviceAsync(void* dst, const void* src, int64_t bytes, void* stream);
+/*! \brief Asynchronous copy of `bytes` bytes on `stream`, host (pageable) to device; the
+ *  host buffer may be freed as soon as this returns (CUDA stages pageable memory first). */
+int CopyHostToDeviceAsync(void* dst, const void* src, int64_t bytes, void* stream);
 /*! \brief Text of a cudaError_t returned by the functions above. */
 const char* CudaErrorString(int code);
 #endif  // ODSGD_WITH_CUDA

@@ -16,22 +16,14 @@
  * All arrays are float32, dense, and of the weight's shape; when adaptive is 0, var is never
  * read or written and may be any float32 array (a 1-element placeholder saves memory).
  */
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <locale>
-#include <sstream>
 #include <string>
-#include <unordered_map>
 #include <vector>
-
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
 
 #include "lib_api.h"
 #include "local_update_kernels.h"
+#include "op_common.h"
 
 using mxnet::ext::MXReturnValue;
 using mxnet::ext::MXTensor;
@@ -42,15 +34,13 @@ using mxnet::ext::OpResource;
 namespace odsgd {
 namespace {
 
-using Attrs = std::unordered_map<std::string, std::string>;
-
 enum class OpKind { kLocal, kPredict };
 
 const char* OpName(OpKind kind) {
   return kind == OpKind::kLocal ? "odsgd_local_update" : "odsgd_predict_update";
 }
 
-// Input positions, as the Python wrappers in odsgd/native/__init__.py pass them.
+// Input positions, as the Python wrappers in odsgd/native/ops.py pass them.
 constexpr int kWeight = 0;
 constexpr int kGrad = 1;
 constexpr int kGlobalWeight = 2;
@@ -78,79 +68,17 @@ struct OpConfig {
   bool adaptive;
 };
 
-// Parsed with the classic locale: strtod would follow LC_NUMERIC, which a host program may
-// have changed, and MXNet always writes '.' as the decimal point.
-bool ParseDouble(const std::string& text, double* out) {
-  std::istringstream in(text);
-  in.imbue(std::locale::classic());
-  double value = 0.0;
-  in >> value;
-  if (in.fail()) return false;
-  in >> std::ws;
-  if (!in.eof() || !std::isfinite(value)) return false;
-  *out = value;
-  return true;
-}
-
-bool GetNumber(const Attrs& attrs, OpKind kind, const char* key, double* out) {
-  const auto it = attrs.find(key);
-  if (it == attrs.end()) {
-    MX_ERROR_MSG << OpName(kind) << ": missing attribute '" << key << "'";
-    return false;
-  }
-  if (!ParseDouble(it->second, out)) {
-    MX_ERROR_MSG << OpName(kind) << ": attribute '" << key
-                 << "' must be a finite number, got '" << it->second << "'";
-    return false;
-  }
-  return true;
-}
-
-bool GetFlag(const Attrs& attrs, OpKind kind, const char* key, bool* out) {
-  const auto it = attrs.find(key);
-  if (it == attrs.end()) {
-    MX_ERROR_MSG << OpName(kind) << ": missing attribute '" << key << "'";
-    return false;
-  }
-  const std::string& v = it->second;
-  // Python's str(True) is 'True'; accept that as well as 0/1.
-  if (v == "1" || v == "True" || v == "true") {
-    *out = true;
-  } else if (v == "0" || v == "False" || v == "false") {
-    *out = false;
-  } else {
-    MX_ERROR_MSG << OpName(kind) << ": attribute '" << key << "' must be 0 or 1, got '" << v
-                 << "'";
-    return false;
-  }
-  return true;
-}
-
 /*! \brief Parses and checks the attributes; on failure records the reason and returns false. */
 bool ParseConfig(const Attrs& attrs, OpKind kind, OpConfig* cfg) {
-  // A misspelt attribute would otherwise be ignored silently. Keys starting with "__" are
-  // MXNet's own (dtype/shape/profiler annotations).
-  const std::vector<const char*> known = AttrNames(kind);
-  for (const auto& kv : attrs) {
-    if (kv.first.rfind("__", 0) == 0) continue;
-    const bool ok = std::any_of(known.begin(), known.end(),
-                                [&](const char* k) { return kv.first == k; });
-    if (!ok) {
-      std::ostringstream list;
-      for (size_t i = 0; i < known.size(); ++i) list << (i ? ", " : "") << known[i];
-      MX_ERROR_MSG << OpName(kind) << ": unknown attribute '" << kv.first
-                   << "'; expected: " << list.str();
-      return false;
-    }
-  }
+  if (!CheckKnownAttrs(attrs, OpName(kind), AttrNames(kind))) return false;
   double rescale_grad, clip_gradient, lr, momentum, wd, lam, beta, eps;
   bool adaptive;
-  if (!GetNumber(attrs, kind, "rescale_grad", &rescale_grad) ||
-      !GetNumber(attrs, kind, "clip_gradient", &clip_gradient) ||
-      !GetNumber(attrs, kind, "lr", &lr) || !GetNumber(attrs, kind, "momentum", &momentum) ||
-      !GetNumber(attrs, kind, "wd", &wd) || !GetNumber(attrs, kind, "lam", &lam) ||
-      !GetFlag(attrs, kind, "adaptive", &adaptive) ||
-      !GetNumber(attrs, kind, "beta", &beta) || !GetNumber(attrs, kind, "eps", &eps)) {
+  if (!GetNumber(attrs, OpName(kind), "rescale_grad", &rescale_grad) ||
+      !GetNumber(attrs, OpName(kind), "clip_gradient", &clip_gradient) ||
+      !GetNumber(attrs, OpName(kind), "lr", &lr) || !GetNumber(attrs, OpName(kind), "momentum", &momentum) ||
+      !GetNumber(attrs, OpName(kind), "wd", &wd) || !GetNumber(attrs, OpName(kind), "lam", &lam) ||
+      !GetFlag(attrs, OpName(kind), "adaptive", &adaptive) ||
+      !GetNumber(attrs, OpName(kind), "beta", &beta) || !GetNumber(attrs, OpName(kind), "eps", &eps)) {
     return false;
   }
   if (adaptive && !(beta >= 0.0 && beta <= 1.0)) {
@@ -164,13 +92,9 @@ bool ParseConfig(const Attrs& attrs, OpKind kind, OpConfig* cfg) {
   }
   double num_workers = 1.0;
   if (kind == OpKind::kPredict) {
-    if (!GetNumber(attrs, kind, "num_workers", &num_workers)) return false;
-    if (!(num_workers >= 1.0) || num_workers != static_cast<double>(
-                                                    static_cast<int64_t>(num_workers))) {
-      MX_ERROR_MSG << OpName(kind) << ": num_workers must be an integer >= 1, got "
-                   << attrs.at("num_workers");
-      return false;
-    }
+    int64_t workers = 0;
+    if (!GetCount(attrs, OpName(kind), "num_workers", 1, 1 << 30, &workers)) return false;
+    num_workers = static_cast<double>(workers);
   }
   // Every constant is rounded to float32 once, here, as float32 code (and the NumPy
   // reference's np.float32(x)) does; 1 - beta is formed in double first, like the reference.
@@ -219,15 +143,6 @@ MXReturnValue InferType(const Attrs& /*attrs*/, std::vector<int>* in_types,
   return MX_SUCCESS;
 }
 
-std::string ShapeString(const std::vector<unsigned int>& shape) {
-  std::ostringstream s;
-  s << "(";
-  for (size_t i = 0; i < shape.size(); ++i) s << (i ? "," : "") << shape[i];
-  if (shape.size() == 1) s << ",";
-  s << ")";
-  return s.str();
-}
-
 template <OpKind kKind>
 MXReturnValue InferShape(const Attrs& attrs, std::vector<std::vector<unsigned int>>* in_shapes,
                          std::vector<std::vector<unsigned int>>* out_shapes) {
@@ -264,99 +179,27 @@ MXReturnValue MutateInputs(const Attrs& attrs, std::vector<int>* input_indices) 
 // ---------------------------------------------------------------------------------------
 // Forward: checks shared by CPU and GPU
 
-/*! \brief Byte range [begin, end) of a dense tensor's data. */
-struct Span {
-  const char* begin;
-  const char* end;
-  const char* name;
-};
-
-Span SpanOf(MXTensor* t, const char* name) {
-  const char* b = static_cast<const char*>(t->data_ptr);
-  return {b, b + t->size() * static_cast<int64_t>(sizeof(float)), name};
-}
-
-bool Overlap(const Span& a, const Span& b) {
-  return a.begin < b.end && b.begin < a.end && a.begin != a.end && b.begin != b.end;
-}
-
 /*!
- * \brief The kernels declare their pointers __restrict__ (needed for vectorisation), which
- *  is only valid if no array they write shares memory with another array. out == weight
- *  exactly is the intended in-place use; read-only inputs may share memory with each other
- *  (e.g. prev_global_weight passed as global_weight when no older weights exist).
+ * \brief out == weight exactly is the intended in-place use; read-only inputs may share
+ *  memory with each other (e.g. prev_global_weight passed as global_weight when no older
+ *  weights exist). Everything written must be distinct from everything else.
  */
 bool CheckNoAliasing(OpKind kind, const OpConfig& cfg, std::vector<MXTensor>* inputs,
                      std::vector<MXTensor>* outputs) {
   const std::vector<const char*> names = InputNames(kind);
-  std::vector<Span> written = {SpanOf(&(*outputs)[0], "out")};
-  if (kind == OpKind::kLocal) written.push_back(SpanOf(&(*inputs)[kMom], names[kMom]));
-  if (cfg.adaptive) written.push_back(SpanOf(&(*inputs)[kVar], names[kVar]));
-  std::vector<Span> all = written;
+  std::vector<Span> spans = {SpanOf((*outputs)[0], "out", true)};
   for (int i = 0; i < kNumInputs; ++i) {
-    if (i == kVar) continue;                                  // already among `written` if used
-    if (kind == OpKind::kLocal && i == kMom) continue;        // likewise
+    if (i == kVar && !cfg.adaptive) continue;  // never accessed
     if (i == kWeight && (*inputs)[kWeight].data_ptr == (*outputs)[0].data_ptr) continue;
-    all.push_back(SpanOf(&(*inputs)[i], names[i]));
+    const bool written = (kind == OpKind::kLocal && i == kMom) || i == kVar;
+    spans.push_back(SpanOf((*inputs)[i], names[i], written));
   }
-  // all[i] == written[i] for i < written.size(), so j != i skips comparing a span to itself.
-  for (size_t i = 0; i < written.size(); ++i) {
-    for (size_t j = 0; j < all.size(); ++j) {
-      if (j != i && Overlap(written[i], all[j])) {
-        MX_ERROR_MSG << OpName(kind) << ": '" << written[i].name << "' shares memory with '"
-                     << all[j].name << "'; pass distinct arrays (out may only be weight itself)";
-        return false;
-      }
-    }
-  }
-  return true;
+  return CheckNoOverlap(OpName(kind), spans,
+                        "pass distinct arrays (out may only be weight itself)");
 }
 
 // ---------------------------------------------------------------------------------------
 // CPU kernels
-
-// Below this many elements per thread, starting threads costs more than it saves:
-// 32768 floats is 128 KiB per array, tens of microseconds of memory traffic per thread.
-constexpr int64_t kMinElementsPerThread = 1 << 15;
-
-// MXNet's engine sets the OpenMP thread count of each CPU worker thread it runs operators on
-// (omp_set_num_threads) to its own recommendation: OMP_NUM_THREADS, else
-// MXNET_OMP_MAX_THREADS, else half the logical CPUs on x86. omp_get_max_threads() here
-// therefore gives this operator the same number of threads as MXNet's built-in operators.
-int ThreadsFor(int64_t n) {
-#if defined(_OPENMP)
-  const int max_threads = omp_get_max_threads();
-  const int64_t by_size = n / kMinElementsPerThread;
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(max_threads, by_size)));
-#else
-  (void)n;
-  return 1;
-#endif
-}
-
-/*!
- * \brief Runs fn(begin, end) over [0, n) split statically into one contiguous chunk per
- *  thread. Chunk boundaries are multiples of 16 floats (64 bytes, a cache line) so that no
- *  two threads write the same line.
- */
-template <typename RangeFn>
-void ParallelFor(int64_t n, RangeFn fn) {
-  const int threads = ThreadsFor(n);
-  if (threads <= 1) {
-    fn(0, n);
-    return;
-  }
-#if defined(_OPENMP)
-#pragma omp parallel num_threads(threads)
-  {
-    const int64_t team = omp_get_num_threads();
-    const int64_t chunk = (((n + team - 1) / team) + 15) & ~static_cast<int64_t>(15);
-    const int64_t begin = std::min<int64_t>(n, omp_get_thread_num() * chunk);
-    const int64_t end = std::min<int64_t>(n, begin + chunk);
-    if (begin < end) fn(begin, end);
-  }
-#endif
-}
 
 // The inner loops sit in their own non-inlined functions so that their parameters keep
 // __restrict__ (GCC drops it on pointers captured into an OpenMP region) and the loop body
@@ -369,11 +212,7 @@ __attribute__((noinline)) void LocalUpdateRange(int64_t begin, int64_t end,
                                                 float* __restrict__ mom,
                                                 float* __restrict__ var) {
   for (int64_t i = begin; i < end; ++i) {
-    float m = mom[i];
-    float v = kAdaptive ? var[i] : 0.0f;
-    w[i] = LocalStep<kClip, kAdaptive>(p, w[i], grad[i], global_w[i], &m, &v);
-    mom[i] = m;
-    if (kAdaptive) var[i] = v;
+    LocalUpdateAt<kClip, kAdaptive, false>(i, p, w, grad, global_w, mom, var, nullptr);
   }
 }
 
@@ -385,9 +224,8 @@ __attribute__((noinline)) void PredictUpdateRange(int64_t begin, int64_t end,
                                                   const float* __restrict__ prev_global_w,
                                                   float* __restrict__ var) {
   for (int64_t i = begin; i < end; ++i) {
-    float v = kAdaptive ? var[i] : 0.0f;
-    w[i] = PredictStep<kClip, kAdaptive>(p, w[i], grad[i], global_w[i], prev_global_w[i], &v);
-    if (kAdaptive) var[i] = v;
+    PredictUpdateAt<kClip, kAdaptive, false>(i, p, w, grad, global_w, prev_global_w, var,
+                                             nullptr);
   }
 }
 

@@ -1,6 +1,18 @@
-"""Benchmark of the fused OD-SGD local update (odsgd.native.local_update_) on its own.
+"""Benchmarks of the fused OD-SGD local update on its own.
 
-For each array size and compensation mode it times three things and reports memory bandwidth:
+    python scripts/bench_local_update.py dispatch --json results/bench_dispatch.json
+    python scripts/bench_local_update.py bandwidth --json results/bench_local_update.json
+
+dispatch: the per-step cost of a group of P parameter arrays, P single-array calls
+(odsgd.native.local_update_, each after a copy of the gradient into a send buffer, as the
+store does per key) against one multi-array call (odsgd.native.multi_update_ with
+send_flat, which does the copy too), for P = 1, 16 and 162 arrays of a Dense(16) net
+(16x16 weights and 16 biases) and for ResNet-50 v1's 161 parameter shapes. "issue" is the
+Python time until the calls return (what the training loop's thread pays), "total" until
+MXNet's engine has run them (mx.nd.waitall), each call starting on idle arrays as in a
+training step. Per-array time = total / P.
+
+bandwidth: for each array size and compensation mode it times three things and reports memory bandwidth:
 
   fused     mx.nd.odsgd_local_update, one pass: reads weight, grad, global_weight, mom
             (+ var when adaptive), writes weight, mom (+ var): 24 (32) bytes per element.
@@ -12,8 +24,6 @@ For each array size and compensation mode it times three things and reports memo
 Bandwidth = the fused operator's byte count / time, for all three, so that "fused / copy" is
 the fraction of copy bandwidth the fused operator reaches and "speed-up" = fallback time /
 fused time. Targets: fused >= 0.8x copy, >= 2x faster than the fallback.
-
-    python scripts/bench_local_update.py --json results/bench_local_update.json
 
 Threads: MXNet runs CPU operators with its own OpenMP thread count (OMP_NUM_THREADS, else
 MXNET_OMP_MAX_THREADS, else half the logical CPUs on x86); this script sets neither and
@@ -145,24 +155,119 @@ def print_table(rows):
           "(of fastest runs); 1 GB = 1e9 bytes; M = 2^20 elements")
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="1,4,16,64",
-                        help="array sizes in units of 2^20 float32 elements (default: 1,4,16,64)")
-    parser.add_argument("--modes", default="constant,adaptive",
-                        help="compensation modes to time (default: constant,adaptive)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per cell (default 5)")
-    parser.add_argument("--min-time", type=float, default=0.25,
-                        help="seconds one timed run should last at least (default 0.25)")
-    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    return parser.parse_args(argv)
+def dense16_shapes(num_arrays):
+    """Shapes of the first `num_arrays` parameters of a stack of Dense(16, in_units=16)."""
+    return [(16, 16) if k % 2 == 0 else (16,) for k in range(num_arrays)]
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    if not native.load():
-        sys.exit("bench_local_update: the fused operator is not built; run `make native` or "
-                 "`python -m odsgd.native build` first")
+def resnet50_shapes():
+    """ResNet-50 v1's parameter shapes (161 arrays with grad_req != 'null'), in Trainer
+    order (sorted by name), from MXNet's model zoo after a forward on 32x32 inputs."""
+    net = mx.gluon.model_zoo.vision.resnet50_v1()
+    net.initialize()
+    net(mx.nd.zeros((1, 3, 32, 32)))
+    params = net.collect_params()
+    return [params[name].shape for name in sorted(params)
+            if params[name].grad_req != "null"]
+
+
+def dispatch_calls(shapes, seed):
+    """(single, multi): functions making one step over arrays of `shapes` the per-array way
+    and the multi-array way, each on its own copy of the same state."""
+    rng = np.random.default_rng(seed)
+    total = sum(int(np.prod(s)) for s in shapes)
+
+    def state():
+        weights = [mx.nd.array(rng.standard_normal(s), dtype="float32") for s in shapes]
+        grads = [mx.nd.array(rng.standard_normal(s), dtype="float32") for s in shapes]
+        return weights, grads
+
+    weights, grads = state()
+    globals_ = [w.copy() for w in weights]
+    moms = [mx.nd.zeros(s) for s in shapes]
+    sends = [mx.nd.zeros(s) for s in shapes]
+    m_weights, m_grads = state()
+    global_flat = mx.nd.array(rng.standard_normal(total), dtype="float32")
+    mom_flat, send_flat = mx.nd.zeros((total,)), mx.nd.zeros((total,))
+    lrs, wds = [0.05] * len(shapes), [1e-4] * len(shapes)
+    common = {k: v for k, v in HYPER.items() if k not in ("lr", "wd")}
+
+    def single():
+        for k in range(len(shapes)):
+            grads[k].copyto(sends[k])
+            native.local_update_(weights[k], sends[k], globals_[k], moms[k], None,
+                                 adaptive=False, lr=0.05, wd=1e-4, **common)
+
+    def multi():
+        native.multi_update_("sgd", m_weights, m_grads, global_flat, mom_flat=mom_flat,
+                             send_flat=send_flat, lrs=lrs, wds=wds, adaptive=False, **common)
+
+    return single, multi
+
+
+def time_dispatch(call, repeats, min_time):
+    """(issue seconds, total seconds) of one call on idle arrays, as in a training step,
+    where the arrays were last written a whole forward/backward ago: every call starts
+    after mx.nd.waitall(); issue is measured when it returns, total after the next waitall.
+    Medians over `repeats` runs of calls lasting about `min_time` seconds each."""
+    mx.nd.waitall()
+    start = time.perf_counter()
+    call()
+    mx.nd.waitall()
+    iters = max(1, int(min_time / max(time.perf_counter() - start, 1e-6)))
+    issue, total = [], []
+    for _ in range(repeats * iters):
+        mx.nd.waitall()
+        start = time.perf_counter()
+        call()
+        issued = time.perf_counter()
+        mx.nd.waitall()
+        issue.append(issued - start)
+        total.append(time.perf_counter() - start)
+    return {"issue_s": statistics.median(issue), "total_s": statistics.median(total),
+            "total_min_s": min(total), "total_max_s": max(total), "iters": iters}
+
+
+def bench_dispatch(args):
+    groups = [("dense16 x%d" % p, dense16_shapes(p)) for p in (1, 16, 162)]
+    groups.append(("resnet50_v1", resnet50_shapes()))
+    rows = []
+    for name, shapes in groups:
+        single, multi = dispatch_calls(shapes, seed=len(shapes))
+        # Interleaved so that load from other processes falls on both alike.
+        samples = {"single": [], "multi": []}
+        for _ in range(args.repeats):
+            samples["single"].append(time_dispatch(single, 1, args.min_time))
+            samples["multi"].append(time_dispatch(multi, 1, args.min_time))
+        row = {"group": name, "arrays": len(shapes),
+               "elements": int(sum(int(np.prod(s)) for s in shapes))}
+        for how, runs in samples.items():
+            row[how] = {key: statistics.median(r[key] for r in runs)
+                        for key in ("issue_s", "total_s")}
+            row[how]["total_min_s"] = min(r["total_s"] for r in runs)
+            row[how]["total_max_s"] = max(r["total_s"] for r in runs)
+        row["speedup"] = row["single"]["total_s"] / row["multi"]["total_s"]
+        rows.append(row)
+        print("  measured %s" % name, file=sys.stderr, flush=True)
+    header = ("%-13s %6s %9s  %-26s %-26s %8s" % ("group", "arrays", "elements",
+                                                   "P single calls: issue/total",
+                                                   "one multi call: issue/total", "speed-up"))
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        cells = []
+        for how in ("single", "multi"):
+            r = row[how]
+            cells.append("%7.1f / %7.1f us" % (1e6 * r["issue_s"], 1e6 * r["total_s"]))
+        print("%-13s %6d %9d  %-26s %-26s %7.1fx" % (row["group"], row["arrays"],
+                                                      row["elements"], cells[0], cells[1],
+                                                      row["speedup"]))
+    print("us per step for the whole group, medians of %d interleaved repeats; issue = until "
+          "the calls return, total = until MXNet ran them" % args.repeats)
+    return rows
+
+
+def bench_bandwidth(args):
     sizes = [int(s) * MiB_ELEMENTS for s in args.sizes.split(",")]
     modes = [m.strip() for m in args.modes.split(",")]
     for mode in modes:
@@ -175,8 +280,34 @@ def main(argv=None):
             rows.append(bench_one(n, mode == "adaptive", args.repeats, args.min_time))
             print("  measured %dM %s" % (n // MiB_ELEMENTS, mode), file=sys.stderr, flush=True)
     print_table(rows)
+    return rows
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("benchmark", choices=("dispatch", "bandwidth"), nargs="?",
+                        default="dispatch", help="what to measure (default: dispatch)")
+    parser.add_argument("--sizes", default="1,4,16,64",
+                        help="bandwidth: array sizes in units of 2^20 float32 elements "
+                             "(default: 1,4,16,64)")
+    parser.add_argument("--modes", default="constant,adaptive",
+                        help="bandwidth: compensation modes to time (default: constant,adaptive)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per cell (default 5)")
+    parser.add_argument("--min-time", type=float, default=0.25,
+                        help="seconds one timed run should last at least (default 0.25)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if not native.load():
+        sys.exit("bench_local_update: the fused operator is not built; run `make native` or "
+                 "`python -m odsgd.native build` first")
+    rows = bench_dispatch(args) if args.benchmark == "dispatch" else bench_bandwidth(args)
     if args.json:
         meta = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+                "benchmark": args.benchmark,
                 "mxnet_version": mx.__version__, "build_info": native.build_info(),
                 "cpu": platform.processor() or platform.machine(),
                 "logical_cpus": os.cpu_count(),

@@ -55,7 +55,7 @@ def native():
             pytest.fail("python -m odsgd.native build failed:\n" + result.stdout)
     import odsgd.native as native_module
     assert native_module.load(), "the library was built but load() returned False"
-    if os.path.getmtime(native_module._loaded_path) < _newest_source_mtime():
+    if os.path.getmtime(native_module.loaded_path()) < _newest_source_mtime():
         pytest.fail("this process loaded a library older than kvstore_ext/ (imported before "
                     "the rebuild); run `make native` and rerun the tests")
     return native_module
@@ -310,7 +310,7 @@ def test_predict_rejects_a_bad_worker_count(native):
     with pytest.raises(mx.base.MXNetError) as caught:
         native.predict_update_(a[0], a[1], a[2], a[2], a[4], num_workers=0,
                                **_op_kwargs(_options(False, "adaptive", 0.5, 0.9, 0.0)))
-    assert "num_workers must be an integer >= 1" in _last_extension_error(caught.value)
+    assert "attribute 'num_workers' must be an integer in [1, " in _last_extension_error(caught.value)
 
 
 def test_unknown_attribute_is_refused(native):
@@ -326,17 +326,17 @@ def test_unknown_attribute_is_refused(native):
 def test_build_record_matches_the_running_mxnet(native):
     import mxnet as mx
     info = native.build_info()
-    assert native._release(info["mxnet_version"]) == native._release(mx.__version__)
+    assert native.release(info["mxnet_version"]) == native.release(mx.__version__)
     assert info["cuda_compiled"] == (info["cuda_command"] is not None)
     assert native.supports(mx.cpu())
     assert native.load() is True          # a second call keeps the loaded library
 
 
 def test_version_strings_compare_as_numbers(native):
-    assert native._release("1.9.1") == (1, 9, 1)
-    assert native._release("1.9.1.post0") == (1, 9, 1)
-    assert native._release("1.10") == (1, 10, 0)
-    assert native._release("1.10.0") > native._release("1.9.1")
+    assert native.release("1.9.1") == (1, 9, 1)
+    assert native.release("1.9.1.post0") == (1, 9, 1)
+    assert native.release("1.10") == (1, 10, 0)
+    assert native.release("1.10.0") > native.release("1.9.1")
 
 
 def _run_child(script, **env):
@@ -379,7 +379,7 @@ def test_library_built_for_another_mxnet_is_refused(native, tmp_path):
     import shutil
     import mxnet as mx
     lib = tmp_path / "libodsgd_ext.so"
-    shutil.copy(native._loaded_path, lib)
+    shutil.copy(native.loaded_path(), lib)
     info = dict(native.build_info(), mxnet_version="1.8.0")
     (tmp_path / "build_info.json").write_text(json.dumps(info))
     out = _run_child("""
@@ -403,3 +403,41 @@ def test_build_command_fails_clearly_without_a_compiler(native):
                             universal_newlines=True, timeout=120)
     assert result.returncode == 1
     assert "build failed" in result.stderr and "no-such-compiler-odsgd" in result.stderr
+
+
+def test_cuda_check_fails_clearly_without_nvcc(native):
+    result = subprocess.run([sys.executable, "-m", "odsgd.native", "check-cuda", "--nvcc",
+                             "no-such-nvcc-odsgd"], cwd=REPO, env=_child_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            universal_newlines=True, timeout=120)
+    assert result.returncode == 1
+    assert "check-cuda failed" in result.stderr and "no-such-nvcc-odsgd" in result.stderr
+
+
+def test_installed_headers_are_the_cuda_wheels(native):
+    """The CUDA check builds against the CPU wheel's extension headers because they are
+    byte-identical to mxnet-cu112's (recorded hashes); a mismatch must fail the check."""
+    import importlib
+    import mxnet as mx
+    build = importlib.import_module("odsgd.native.build")   # the package re-exports build()
+    include = os.path.join(os.path.dirname(mx.__file__), "include")
+    build._check_cu112_interface(include)      # raises on a mismatch
+    with pytest.raises(build.NativeBuildError, match="differs from the one in mxnet-cu112"):
+        original = dict(build.CU112_INTERFACE_SHA256)
+        try:
+            build.CU112_INTERFACE_SHA256[("mxnet", "lib_api.h")] = "0" * 64
+            build._check_cu112_interface(include)
+        finally:
+            build.CU112_INTERFACE_SHA256.clear()
+            build.CU112_INTERFACE_SHA256.update(original)
+
+
+def test_package_imports_without_mxnet_on_servers():
+    """On a parameter server `import mxnet` never returns, so odsgd.native and its modules
+    must import without importing mxnet."""
+    out = _run_child("""
+        import json, sys
+        import odsgd.native, odsgd.native.build, odsgd.native.ops, odsgd.native.layout
+        print(json.dumps({"mxnet_imported": "mxnet" in sys.modules}))
+        """, DMLC_ROLE="server")
+    assert out == {"mxnet_imported": False}

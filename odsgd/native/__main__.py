@@ -1,6 +1,6 @@
-"""`python -m odsgd.native build`: compiles the fused operators (see odsgd.native.build)."""
+"""`python -m odsgd.native build|check-cuda`: compiles the fused operators (see odsgd/native/build.py)."""
 import sys
 
-from odsgd.native import main
+from odsgd.native.build import main
 
 sys.exit(main())

@@ -1,0 +1,556 @@
+/*
+ * Multi-array operators of the odsgd extension library: one operator call for a whole group
+ * of parameters (variadic inputs, like MXNet's multi_sgd_mom_update), so that a step's
+ * dispatch cost does not grow with the number of arrays.
+ *
+ * P arrays of sizes n_k are laid end to end in "flat" 1-D float32 arrays of length
+ * N = n_0 + ... + n_{P-1}: array k occupies flat[off_k, off_k + n_k), off_0 = 0, each array
+ * flattened in C order. The weights and gradients stay the caller's own arrays.
+ *
+ *   odsgd_multi_local_update(weights[P], grads[P], global_flat, mom_flat, var_flat,
+ *                            out=weights [+ send_flat])
+ *     The 'sgd' local step of SPEC.md section 2 on every array, array k with lr = lrs[k]
+ *     and wd = wds[k]; mom_flat (and var_flat when adaptive) updated in place.
+ *   odsgd_multi_predict_update(weights[P], grads[P], global_flat, prev_global_flat,
+ *                              var_flat, out=weights [+ send_flat])
+ *     The 'predict' local step of SPEC.md section 2 on every array.
+ *   With send=1 both have one more output, send_flat, and write send_flat[off_k + i] =
+ *   grads[k][i] (the raw gradient for the push) in the same pass. It is an output, not a
+ *   mutable input, because MXNet's engine records a failure of the operator on its outputs
+ *   only: a push of send_flat after a failed call is then skipped with the error instead of
+ *   sending stale data.
+ *   odsgd_gather(arrays[P], out=flat)            flat = concatenation of the arrays
+ *   odsgd_scatter(flat, arrays[P], out=arrays)   arrays[k] = flat[off_k, off_k + n_k); the
+ *     arrays are inputs too only so that their shapes are known (never read).
+ *
+ * Attributes: num_arrays (P >= 1); for the updates also lrs and wds (P comma-separated
+ * numbers each), rescale_grad, clip_gradient (<= 0: off), momentum, lam, adaptive (0/1),
+ * beta, eps, send (0/1), and num_workers for predict. var_flat is never touched when
+ * adaptive is 0 and may then be any float32 array (a 1-element placeholder).
+ */
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "lib_api.h"
+#include "local_update_kernels.h"
+#include "op_common.h"
+
+using mxnet::ext::MXReturnValue;
+using mxnet::ext::MXTensor;
+using mxnet::ext::MX_FAIL;
+using mxnet::ext::MX_SUCCESS;
+using mxnet::ext::OpResource;
+
+namespace odsgd {
+namespace {
+
+// Input positions after the 2P arrays (weights, grads) of the update operators.
+constexpr int kFlatGlobal = 0;
+constexpr int kFlatAux = 1;    // mom_flat (local) or prev_global_flat (predict)
+constexpr int kFlatVar = 2;
+constexpr int kNumFlat = 3;
+// ps-lite and MXNet handle at most a few thousand parameters per model; this bound only
+// stops a corrupt attribute from allocating absurd tables.
+constexpr int64_t kMaxArrays = 1 << 20;
+
+const char* OpName(MultiKind kind) {
+  switch (kind) {
+    case MultiKind::kLocal: return "odsgd_multi_local_update";
+    case MultiKind::kPredict: return "odsgd_multi_predict_update";
+    case MultiKind::kGather: return "odsgd_gather";
+    default: return "odsgd_scatter";
+  }
+}
+
+bool IsUpdate(MultiKind kind) {
+  return kind == MultiKind::kLocal || kind == MultiKind::kPredict;
+}
+
+std::string FlatName(MultiKind kind, int which) {
+  static const char* local[] = {"global_flat", "mom_flat", "var_flat"};
+  static const char* predict[] = {"global_flat", "prev_global_flat", "var_flat"};
+  return (kind == MultiKind::kLocal ? local : predict)[which];
+}
+
+/*! \brief Name of input `i` for messages. */
+std::string InputName(MultiKind kind, int num, int i) {
+  if (kind == MultiKind::kGather) return "arrays[" + std::to_string(i) + "]";
+  if (kind == MultiKind::kScatter) {
+    return i == 0 ? std::string("flat") : "arrays[" + std::to_string(i - 1) + "]";
+  }
+  if (i < num) return "weights[" + std::to_string(i) + "]";
+  if (i < 2 * num) return "grads[" + std::to_string(i - num) + "]";
+  return FlatName(kind, i - 2 * num);
+}
+
+std::vector<const char*> AttrNames(MultiKind kind) {
+  if (!IsUpdate(kind)) return {"num_arrays"};
+  std::vector<const char*> names = {"num_arrays", "lrs", "wds", "rescale_grad",
+                                    "clip_gradient", "momentum", "lam", "adaptive",
+                                    "beta", "eps", "send"};
+  if (kind == MultiKind::kPredict) names.push_back("num_workers");
+  return names;
+}
+
+/*! \brief Everything one call needs, parsed from the attribute strings. */
+struct MultiConfig {
+  int num = 0;                 // P
+  UpdateParams p{};            // shared hyper-parameters (lr and wd per array below)
+  std::vector<float> lrs, wds;
+  bool clip = false;
+  bool adaptive = false;
+  bool send = false;
+};
+
+/*! \brief Parses and checks the attributes; for update operators `with_rates` = false skips
+ *  the per-array lists (their length is checked again wherever they are used). */
+bool ParseConfig(const Attrs& attrs, MultiKind kind, bool with_rates, MultiConfig* cfg) {
+  const char* op = OpName(kind);
+  if (!CheckKnownAttrs(attrs, op, AttrNames(kind))) return false;
+  int64_t num = 0;
+  if (!GetCount(attrs, op, "num_arrays", 1, kMaxArrays, &num)) return false;
+  cfg->num = static_cast<int>(num);
+  if (!IsUpdate(kind)) return true;
+  double rescale_grad, clip_gradient, momentum, lam, beta, eps;
+  if (!GetNumber(attrs, op, "rescale_grad", &rescale_grad) ||
+      !GetNumber(attrs, op, "clip_gradient", &clip_gradient) ||
+      !GetNumber(attrs, op, "momentum", &momentum) || !GetNumber(attrs, op, "lam", &lam) ||
+      !GetFlag(attrs, op, "adaptive", &cfg->adaptive) ||
+      !GetNumber(attrs, op, "beta", &beta) || !GetNumber(attrs, op, "eps", &eps) ||
+      !GetFlag(attrs, op, "send", &cfg->send)) {
+    return false;
+  }
+  if (cfg->adaptive && !(beta >= 0.0 && beta <= 1.0)) {
+    MX_ERROR_MSG << op << ": beta must lie in [0, 1], got " << beta;
+    return false;
+  }
+  if (cfg->adaptive && !(eps > 0.0)) {
+    // eps = 0 divides by zero wherever v is still 0.
+    MX_ERROR_MSG << op << ": eps must be > 0 in adaptive mode, got " << eps;
+    return false;
+  }
+  int64_t num_workers = 1;
+  if (kind == MultiKind::kPredict &&
+      !GetCount(attrs, op, "num_workers", 1, 1 << 30, &num_workers)) {
+    return false;
+  }
+  if (with_rates && (!GetFloatList(attrs, op, "lrs", num, &cfg->lrs) ||
+                     !GetFloatList(attrs, op, "wds", num, &cfg->wds))) {
+    return false;
+  }
+  // Every constant is rounded to float32 once, as the NumPy reference's np.float32(x) does;
+  // 1 - beta is formed in double first, like the reference.
+  cfg->p.rescale_grad = static_cast<float>(rescale_grad);
+  cfg->p.clip_gradient = static_cast<float>(clip_gradient);
+  cfg->p.momentum = static_cast<float>(momentum);
+  cfg->p.lam = static_cast<float>(lam);
+  cfg->p.beta = static_cast<float>(beta);
+  cfg->p.one_minus_beta = static_cast<float>(1.0 - beta);
+  cfg->p.eps = static_cast<float>(eps);
+  cfg->p.num_workers = static_cast<float>(num_workers);
+  cfg->clip = clip_gradient > 0.0;
+  return true;
+}
+
+int NumInputs(MultiKind kind, int num) {
+  if (kind == MultiKind::kGather) return num;
+  if (kind == MultiKind::kScatter) return num + 1;
+  return 2 * num + kNumFlat;
+}
+
+int NumOutputs(MultiKind kind, const MultiConfig& cfg) {
+  if (kind == MultiKind::kGather) return 1;
+  return cfg.num + (IsUpdate(kind) && cfg.send ? 1 : 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// Operator properties
+
+template <MultiKind kKind>
+MXReturnValue ParseAttrs(const Attrs& attrs, int* num_in, int* num_out) {
+  MultiConfig cfg;
+  if (!ParseConfig(attrs, kKind, true, &cfg)) return MX_FAIL;
+  *num_in = NumInputs(kKind, cfg.num);
+  *num_out = NumOutputs(kKind, cfg);
+  return MX_SUCCESS;
+}
+
+template <MultiKind kKind>
+MXReturnValue InferType(const Attrs& attrs, std::vector<int>* in_types,
+                        std::vector<int>* out_types) {
+  MultiConfig cfg;
+  if (!ParseConfig(attrs, kKind, false, &cfg)) return MX_FAIL;
+  for (size_t i = 0; i < in_types->size(); ++i) {
+    const int t = (*in_types)[i];
+    // -1: not yet known (symbolic graphs); imperative calls always know every dtype.
+    if (t != -1 && t != mxnet::ext::kFloat32) {
+      MX_ERROR_MSG << OpName(kKind) << ": input '" << InputName(kKind, cfg.num, i)
+                   << "' has dtype code " << t << "; only float32 (code 0) is supported - "
+                   << "use the NDArray fallback for other dtypes (odsgd.native.accepts() "
+                   << "says which arrays the operators take)";
+      return MX_FAIL;
+    }
+    (*in_types)[i] = mxnet::ext::kFloat32;
+  }
+  for (int& t : *out_types) t = mxnet::ext::kFloat32;
+  return MX_SUCCESS;
+}
+
+bool CheckFlatShape(MultiKind kind, const std::string& name,
+                    const std::vector<unsigned int>& shape, int64_t total) {
+  if (shape.size() != 1 || static_cast<int64_t>(shape[0]) != total) {
+    MX_ERROR_MSG << OpName(kind) << ": '" << name << "' has shape " << ShapeString(shape)
+                 << " but must be 1-D of length " << total
+                 << " (the sum of the arrays' sizes, in their order)";
+    return false;
+  }
+  return true;
+}
+
+template <MultiKind kKind>
+MXReturnValue InferShape(const Attrs& attrs, std::vector<std::vector<unsigned int>>* in_shapes,
+                         std::vector<std::vector<unsigned int>>* out_shapes) {
+  MultiConfig cfg;
+  if (!ParseConfig(attrs, kKind, false, &cfg)) return MX_FAIL;
+  const int num = cfg.num;
+  const auto& in = *in_shapes;
+  if (kKind == MultiKind::kGather) {
+    int64_t total = 0;
+    for (int k = 0; k < num; ++k) total += NumElements(in[k]);
+    (*out_shapes)[0] = {static_cast<unsigned int>(total)};
+    return MX_SUCCESS;
+  }
+  if (kKind == MultiKind::kScatter) {
+    int64_t total = 0;
+    for (int k = 0; k < num; ++k) {
+      total += NumElements(in[k + 1]);
+      (*out_shapes)[k] = in[k + 1];
+    }
+    return CheckFlatShape(kKind, "flat", in[0], total) ? MX_SUCCESS : MX_FAIL;
+  }
+  int64_t total = 0;
+  for (int k = 0; k < num; ++k) {
+    if (in[num + k] != in[k]) {
+      MX_ERROR_MSG << OpName(kKind) << ": grads[" << k << "] has shape "
+                   << ShapeString(in[num + k]) << " but weights[" << k << "] has shape "
+                   << ShapeString(in[k]) << "; each gradient must have its weight's shape";
+      return MX_FAIL;
+    }
+    total += NumElements(in[k]);
+    (*out_shapes)[k] = in[k];
+  }
+  for (int which = 0; which < kNumFlat; ++which) {
+    if (which == kFlatVar && !cfg.adaptive) continue;   // never accessed: a placeholder will do
+    if (!CheckFlatShape(kKind, FlatName(kKind, which), in[2 * num + which], total)) {
+      return MX_FAIL;
+    }
+  }
+  if (cfg.send) (*out_shapes)[num] = {static_cast<unsigned int>(total)};
+  return MX_SUCCESS;
+}
+
+// The arrays the operator writes besides its outputs. var is declared only when used:
+// MXNet's engine serialises every operator that writes an array, so a shared placeholder
+// declared written would serialise unrelated calls.
+template <MultiKind kKind>
+MXReturnValue MutateInputs(const Attrs& attrs, std::vector<int>* input_indices) {
+  if (!IsUpdate(kKind)) return MX_SUCCESS;
+  MultiConfig cfg;
+  if (!ParseConfig(attrs, kKind, false, &cfg)) return MX_FAIL;
+  const int flat = 2 * cfg.num;
+  if (kKind == MultiKind::kLocal) input_indices->push_back(flat + kFlatAux);
+  if (cfg.adaptive) input_indices->push_back(flat + kFlatVar);
+  return MX_SUCCESS;
+}
+
+// ---------------------------------------------------------------------------------------
+// Forward: what CPU and GPU share
+
+/*! \brief A SegmentTable block in host memory (see local_update_kernels.h). */
+struct HostTable {
+  std::vector<int64_t> block;   // int64 storage keeps every part 8-byte aligned
+  SegmentTable view;
+  int64_t total = 0;
+};
+
+/*! \brief Offsets, the written and read pointer of each array, and lr/wd, for one call.
+ *  Updates and scatter write outputs[k] and read weights' grads / nothing per array;
+ *  gather reads inputs[k]. */
+void BuildTable(MultiKind kind, const MultiConfig& cfg, std::vector<MXTensor>* inputs,
+                std::vector<MXTensor>* outputs, HostTable* table) {
+  const int num = cfg.num;
+  table->block.assign(static_cast<size_t>((SegmentTableBytes(num) + 7) / 8), 0);
+  char* base = reinterpret_cast<char*>(table->block.data());
+  auto* offsets = reinterpret_cast<int64_t*>(base);
+  auto* out = reinterpret_cast<float**>(base + static_cast<int64_t>(num + 1) * 8);
+  auto* in = reinterpret_cast<const float**>(base + static_cast<int64_t>(2 * num + 1) * 8);
+  auto* lr = reinterpret_cast<float*>(base + static_cast<int64_t>(3 * num + 1) * 8);
+  float* wd = lr + num;
+  int64_t total = 0;
+  for (int k = 0; k < num; ++k) {
+    offsets[k] = total;
+    if (kind == MultiKind::kGather) {
+      const MXTensor& a = (*inputs)[k];
+      in[k] = static_cast<const float*>(a.data_ptr);
+      out[k] = nullptr;
+      total += a.size();
+    } else {
+      MXTensor& a = (*outputs)[k];
+      out[k] = static_cast<float*>(a.data_ptr);
+      in[k] = IsUpdate(kind) ? static_cast<const float*>((*inputs)[num + k].data_ptr)
+                             : nullptr;
+      total += a.size();
+    }
+    lr[k] = IsUpdate(kind) ? cfg.lrs[k] : 0.0f;
+    wd[k] = IsUpdate(kind) ? cfg.wds[k] : 0.0f;
+  }
+  offsets[num] = total;
+  table->view = ViewSegmentTable(base, num);
+  table->total = total;
+}
+
+/*! \brief Written arrays must not share memory with anything else; outputs[k] may be
+ *  weights[k] itself (the in-place use); read-only inputs may share memory. */
+bool CheckNoAliasing(MultiKind kind, const MultiConfig& cfg, std::vector<MXTensor>* inputs,
+                     std::vector<MXTensor>* outputs) {
+  const int num = cfg.num;
+  std::vector<Span> spans;
+  spans.reserve(inputs->size() + outputs->size());
+  if (kind == MultiKind::kGather) {
+    spans.push_back(SpanOf((*outputs)[0], "out", true));
+    for (int k = 0; k < num; ++k) spans.push_back(SpanOf((*inputs)[k], InputName(kind, num, k),
+                                                         false));
+  } else if (kind == MultiKind::kScatter) {
+    spans.push_back(SpanOf((*inputs)[0], "flat", false));
+    for (int k = 0; k < num; ++k) {
+      spans.push_back(SpanOf((*outputs)[k], "arrays[" + std::to_string(k) + "]", true));
+    }
+  } else {
+    for (int k = 0; k < num; ++k) {
+      spans.push_back(SpanOf((*outputs)[k], "weights[" + std::to_string(k) + "]", true));
+      if ((*inputs)[k].data_ptr != (*outputs)[k].data_ptr) {
+        spans.push_back(SpanOf((*inputs)[k], InputName(kind, num, k), false));
+      }
+      spans.push_back(SpanOf((*inputs)[num + k], InputName(kind, num, num + k), false));
+    }
+    for (int which = 0; which < kNumFlat; ++which) {
+      if (which == kFlatVar && !cfg.adaptive) continue;
+      const bool written = (which == kFlatAux && kind == MultiKind::kLocal) || which == kFlatVar;
+      spans.push_back(SpanOf((*inputs)[2 * num + which], FlatName(kind, which), written));
+    }
+    if (cfg.send) spans.push_back(SpanOf((*outputs)[num], "send_flat", true));
+  }
+  return CheckNoOverlap(OpName(kind), spans,
+                        "pass distinct arrays (an output may only be its own input)");
+}
+
+bool Prepare(const Attrs& attrs, MultiKind kind, std::vector<MXTensor>* inputs,
+             std::vector<MXTensor>* outputs, MultiConfig* cfg) {
+  if (!ParseConfig(attrs, kind, true, cfg)) return false;
+  for (const MXTensor& t : *inputs) {
+    if (t.stype != mxnet::ext::kDefaultStorage) {
+      MX_ERROR_MSG << OpName(kind) << ": only dense (default storage) arrays are supported";
+      return false;
+    }
+  }
+  return CheckNoAliasing(kind, *cfg, inputs, outputs);
+}
+
+FlatArrays FlatArraysOf(MultiKind kind, const MultiConfig& cfg, std::vector<MXTensor>* inputs,
+                        std::vector<MXTensor>* outputs) {
+  const int num = cfg.num;
+  FlatArrays f{nullptr, nullptr, nullptr, nullptr, nullptr};
+  if (kind == MultiKind::kGather) {
+    f.flat = static_cast<float*>((*outputs)[0].data_ptr);
+  } else if (kind == MultiKind::kScatter) {
+    f.flat = static_cast<float*>((*inputs)[0].data_ptr);
+  } else {
+    f.global_w = static_cast<const float*>((*inputs)[2 * num + kFlatGlobal].data_ptr);
+    f.aux = static_cast<float*>((*inputs)[2 * num + kFlatAux].data_ptr);
+    f.var = static_cast<float*>((*inputs)[2 * num + kFlatVar].data_ptr);
+    f.send = cfg.send ? static_cast<float*>((*outputs)[num].data_ptr) : nullptr;
+  }
+  return f;
+}
+
+// ---------------------------------------------------------------------------------------
+// CPU
+
+// Each array's part of a thread's range runs in these non-inlined loops, whose pointers keep
+// __restrict__ and whose bodies have no branch (the flags are template parameters), so GCC
+// vectorises them as it does the single-array kernels.
+template <bool kClip, bool kAdaptive, bool kSend>
+__attribute__((noinline)) void MultiLocalRange(int64_t begin, int64_t end, const UpdateParams p,
+                                               float* __restrict__ w,
+                                               const float* __restrict__ grad,
+                                               const float* __restrict__ global_w,
+                                               float* __restrict__ mom,
+                                               float* __restrict__ var,
+                                               float* __restrict__ send) {
+  for (int64_t i = begin; i < end; ++i) {
+    LocalUpdateAt<kClip, kAdaptive, kSend>(i, p, w, grad, global_w, mom, var, send);
+  }
+}
+
+template <bool kClip, bool kAdaptive, bool kSend>
+__attribute__((noinline)) void MultiPredictRange(int64_t begin, int64_t end,
+                                                 const UpdateParams p, float* __restrict__ w,
+                                                 const float* __restrict__ grad,
+                                                 const float* __restrict__ global_w,
+                                                 const float* __restrict__ prev_global_w,
+                                                 float* __restrict__ var,
+                                                 float* __restrict__ send) {
+  for (int64_t i = begin; i < end; ++i) {
+    PredictUpdateAt<kClip, kAdaptive, kSend>(i, p, w, grad, global_w, prev_global_w, var,
+                                             send);
+  }
+}
+
+/*! \brief Calls fn(k, b, e) for every array k that flat range [begin, end) touches, with
+ *  [b, e) the touched part in array k's own indices. */
+template <typename SegmentFn>
+void ForEachSegment(const SegmentTable& t, int num, int64_t begin, int64_t end,
+                    SegmentFn fn) {
+  if (begin >= end) return;
+  for (int k = FindSegment(t.offsets, num, begin); k < num && t.offsets[k] < end; ++k) {
+    const int64_t b = std::max(begin, t.offsets[k]) - t.offsets[k];
+    const int64_t e = std::min(end, t.offsets[k + 1]) - t.offsets[k];
+    if (b < e) fn(k, b, e);
+  }
+}
+
+template <bool kClip, bool kAdaptive, bool kSend>
+void MultiUpdateCPU(MultiKind kind, const MultiConfig& cfg, const HostTable& table,
+                    const FlatArrays& f) {
+  const SegmentTable& t = table.view;
+  ParallelFor(table.total, [&](int64_t begin, int64_t end) {
+    ForEachSegment(t, cfg.num, begin, end, [&](int k, int64_t b, int64_t e) {
+      const int64_t off = t.offsets[k];
+      const UpdateParams q = ParamsOf(cfg.p, t, k);
+      // var and send are only offset where they are real arrays (not placeholders).
+      float* var = kAdaptive ? f.var + off : f.var;
+      float* send = kSend ? f.send + off : f.send;
+      if (kind == MultiKind::kLocal) {
+        MultiLocalRange<kClip, kAdaptive, kSend>(b, e, q, t.out[k], t.in[k], f.global_w + off,
+                                                 f.aux + off, var, send);
+      } else {
+        MultiPredictRange<kClip, kAdaptive, kSend>(b, e, q, t.out[k], t.in[k],
+                                                   f.global_w + off, f.aux + off, var, send);
+      }
+    });
+  });
+}
+
+void CopySegmentsCPU(MultiKind kind, int num, const HostTable& table, const FlatArrays& f) {
+  const SegmentTable& t = table.view;
+  ParallelFor(table.total, [&](int64_t begin, int64_t end) {
+    ForEachSegment(t, num, begin, end, [&](int k, int64_t b, int64_t e) {
+      const size_t bytes = static_cast<size_t>(e - b) * sizeof(float);
+      float* flat = f.flat + t.offsets[k];
+      if (kind == MultiKind::kGather) {
+        std::memcpy(flat + b, t.in[k] + b, bytes);
+      } else {
+        std::memcpy(t.out[k] + b, flat + b, bytes);
+      }
+    });
+  });
+}
+
+/*! \brief An update whose outputs are not its weight inputs gets the weights copied first
+ *  (the kernels update in place); off the intended path. */
+void CopyWeightsToOutputsCPU(int num, std::vector<MXTensor>* inputs,
+                             std::vector<MXTensor>* outputs) {
+  for (int k = 0; k < num; ++k) {
+    if ((*inputs)[k].data_ptr != (*outputs)[k].data_ptr) {
+      std::memcpy((*outputs)[k].data_ptr, (*inputs)[k].data_ptr,
+                  static_cast<size_t>((*inputs)[k].size()) * sizeof(float));
+    }
+  }
+}
+
+template <MultiKind kKind>
+MXReturnValue ForwardCPU(const Attrs& attrs, std::vector<MXTensor>* inputs,
+                         std::vector<MXTensor>* outputs, const OpResource& res) {
+  (void)res;
+  MultiConfig cfg;
+  if (!Prepare(attrs, kKind, inputs, outputs, &cfg)) return MX_FAIL;
+  HostTable table;
+  BuildTable(kKind, cfg, inputs, outputs, &table);
+  const FlatArrays f = FlatArraysOf(kKind, cfg, inputs, outputs);
+  if (!IsUpdate(kKind)) {
+    CopySegmentsCPU(kKind, cfg.num, table, f);
+    return MX_SUCCESS;
+  }
+  CopyWeightsToOutputsCPU(cfg.num, inputs, outputs);
+  DispatchFlags(cfg.clip, cfg.adaptive, [&](auto clip, auto adaptive) {
+    DispatchBool(cfg.send, [&](auto send) {
+      MultiUpdateCPU<decltype(clip)::value, decltype(adaptive)::value, decltype(send)::value>(
+          kKind, cfg, table, f);
+    });
+  });
+  return MX_SUCCESS;
+}
+
+// ---------------------------------------------------------------------------------------
+// GPU (only when built with nvcc against a CUDA build of MXNet)
+
+#if defined(ODSGD_WITH_CUDA)
+template <MultiKind kKind>
+MXReturnValue ForwardGPU(const Attrs& attrs, std::vector<MXTensor>* inputs,
+                         std::vector<MXTensor>* outputs, const OpResource& res) {
+  MultiConfig cfg;
+  if (!Prepare(attrs, kKind, inputs, outputs, &cfg)) return MX_FAIL;
+  HostTable table;
+  BuildTable(kKind, cfg, inputs, outputs, &table);
+  void* stream = res.get_cuda_stream();
+  const int64_t bytes = SegmentTableBytes(cfg.num);
+  // MXNet's temporary workspace, valid for this call on this stream.
+  void* device_table = res.alloc_gpu(static_cast<int>(bytes));
+  int rc = device_table ? CopyHostToDeviceAsync(device_table, table.block.data(), bytes, stream)
+                        : 2;  // cudaErrorMemoryAllocation
+  if (rc == 0 && IsUpdate(kKind)) {
+    for (int k = 0; k < cfg.num && rc == 0; ++k) {
+      if ((*inputs)[k].data_ptr != (*outputs)[k].data_ptr) {
+        rc = CopyDeviceAsync((*outputs)[k].data_ptr, (*inputs)[k].data_ptr,
+                             (*inputs)[k].size() * static_cast<int64_t>(sizeof(float)), stream);
+      }
+    }
+  }
+  if (rc == 0 && table.total > 0) {
+    rc = LaunchMultiCuda(kKind, table.total, cfg.num, device_table, cfg.p, cfg.clip,
+                         cfg.adaptive, cfg.send, FlatArraysOf(kKind, cfg, inputs, outputs),
+                         stream);
+  }
+  if (rc != 0) {
+    MX_ERROR_MSG << OpName(kKind) << ": CUDA error: " << CudaErrorString(rc);
+    return MX_FAIL;
+  }
+  return MX_SUCCESS;
+}
+#endif  // ODSGD_WITH_CUDA
+
+}  // namespace
+}  // namespace odsgd
+
+#if defined(ODSGD_WITH_CUDA)
+#define ODSGD_GPU_FORWARD(kind) .setForward(odsgd::ForwardGPU<kind>, "gpu")
+#else
+#define ODSGD_GPU_FORWARD(kind)
+#endif
+
+#define ODSGD_REGISTER_MULTI(name, kind)          \
+  REGISTER_OP(name)                               \
+      .setParseAttrs(odsgd::ParseAttrs<kind>)     \
+      .setInferType(odsgd::InferType<kind>)       \
+      .setInferShape(odsgd::InferShape<kind>)     \
+      .setMutateInputs(odsgd::MutateInputs<kind>) \
+      ODSGD_GPU_FORWARD(kind)                     \
+      .setForward(odsgd::ForwardCPU<kind>, "cpu");
+
+ODSGD_REGISTER_MULTI(odsgd_multi_local_update, odsgd::MultiKind::kLocal)
+ODSGD_REGISTER_MULTI(odsgd_multi_predict_update, odsgd::MultiKind::kPredict)
+ODSGD_REGISTER_MULTI(odsgd_gather, odsgd::MultiKind::kGather)
+ODSGD_REGISTER_MULTI(odsgd_scatter, odsgd::MultiKind::kScatter)

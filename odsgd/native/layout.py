@@ -1,0 +1,56 @@
+"""Arrays in MXNet's MKL-DNN layout, made writable by the library operators.
+
+MXNet's CPU wheel (built with MKL-DNN) lets an inference-mode forward of a convolution
+reorder the weight array itself into an MKL-DNN memory layout, so that later inference
+calls need no reorder (mkldnn_convolution.cc: `MKLDNNDataReorderAsync`); the next
+training-mode forward reorders it back, asynchronously. MXNet's extension-library
+dispatcher (c_api.cc, `CustomFComputeDispatcher`) reorders *inputs* in that layout into a
+temporary copy, but an *output* in that layout fails inside the engine with "We can't
+generate TBlob for MKLDNN data". Every array the operators write (a weight, a scattered
+array) is an output, so it must be in the default layout when the operator runs.
+
+MXNet 1.9 has no Python call for that, but its C API `MXNDArrayGetData` does it: for an
+array in an MKL-DNN layout it pushes `Reorder2DefaultAsync` and waits for it, leaving the
+same NDArray (same memory, same engine variable) in the default layout; for any other array
+it only returns the data pointer. Waiting for the array's pending writes first
+(`MXNDArrayWaitToRead`) makes that check also see a reorder that is queued but has not run
+yet. An inference forward that is still queued when the operator is pushed does no harm: it
+queues its reorder when it runs, behind the operator, and MXNet's reorder skips an array that
+was written after it was queued. What is left is a window of microseconds: an inference
+forward that starts running on the engine between this check and the push of the operator.
+Then the operator fails inside the engine, with the message above, on this array.
+
+A failure recorded on an array by an earlier asynchronous operator is raised here, in the
+caller's thread, by the wait.
+"""
+import ctypes
+
+_mkldnn = None      # MXNet build has MKL-DNN (None: not asked yet)
+_calls = None       # (MXNDArrayWaitToRead, MXNDArrayGetData, check_call, pointer holder)
+
+
+def _mkldnn_build():
+    global _mkldnn, _calls
+    if _mkldnn is None:
+        import mxnet as mx
+        from mxnet.base import _LIB, check_call
+        _calls = (_LIB.MXNDArrayWaitToRead, _LIB.MXNDArrayGetData, check_call,
+                  ctypes.c_void_p())
+        _mkldnn = bool(mx.runtime.Features().is_enabled("MKLDNN"))
+    return _mkldnn
+
+
+def to_default_layout(arrays, context):
+    """Puts every array of `arrays` (NDArrays of one `context`) that MXNet holds in an MKL-DNN
+    layout back into the default layout, in place; a no-op on GPU contexts and on MXNet
+    builds without MKL-DNN. Two C calls per array, no copy unless an array was reordered.
+
+    Raises MXNetError when an earlier operator that wrote one of the arrays failed."""
+    if context.device_type != "cpu" or not _mkldnn_build():
+        return
+    wait_to_read, get_data, check_call, pointer = _calls
+    holder = ctypes.byref(pointer)
+    for array in arrays:
+        handle = array.handle
+        check_call(wait_to_read(handle))
+        check_call(get_data(handle, holder))

@@ -1,0 +1,376 @@
+"""Python faces of the library operators: single-array and multi-array local updates,
+gather and scatter, and `accepts` (which arrays they take).
+
+Every call goes straight to MXNet's C API (`MXImperativeInvokeEx`, the function behind every
+`mx.nd.<op>`), with the operator handle looked up once and the attribute strings cached, so
+that a multi-array call costs one dispatch plus building the list of array handles,
+whatever the number of arrays. Arrays the operators write are first put into MXNet's
+default layout (odsgd.native.layout). mxnet is imported inside the functions only.
+"""
+import ctypes
+
+from . import layout, loader
+
+_op_handles = {}     # operator name -> op handle (ctypes.c_void_p)
+_placeholders = {}   # (device_type, device_id) -> 1-element float32 array for unused inputs
+_attr_cache = {}     # attribute values (tuple) -> (count, keys array, values array)
+_ATTR_CACHE_SIZE = 64
+_c = None            # ctypes pieces of MXNet's C API, bound on first use
+
+
+def _c_api():
+    global _c
+    if _c is None:
+        from mxnet.base import _LIB, NDArrayHandle, check_call
+        _c = (_LIB, NDArrayHandle, check_call)
+    return _c
+
+
+def _op_handle(name):
+    handle = _op_handles.get(name)
+    if handle is None:
+        loader.operator(name)          # RuntimeError naming the build when not loaded
+        lib, _, check_call = _c_api()
+        handle = ctypes.c_void_p()
+        check_call(lib.NNGetOpHandle(ctypes.c_char_p(name.encode()), ctypes.byref(handle)))
+        _op_handles[name] = handle
+    return handle
+
+
+def _number(x):
+    # repr() of a Python float round-trips exactly, so the operator's float32 constants equal
+    # np.float32(x) of the same values.
+    return repr(float(x))
+
+
+def _rate_list(values):
+    """One number when all are equal (the operator applies it to every array), else all of
+    them, comma-separated: the common case costs the same for any number of arrays."""
+    first = values[0]
+    if values.count(first) == len(values):
+        return _number(first)
+    return ",".join(map(_number, values))
+
+
+def _attributes(items):
+    """(count, char** keys, char** values) for `items`, a tuple of (key, value string)
+    pairs, cached: hyper-parameters repeat from step to step."""
+    cached = _attr_cache.get(items)
+    if cached is None:
+        if len(_attr_cache) >= _ATTR_CACHE_SIZE:
+            _attr_cache.clear()
+        keys = (ctypes.c_char_p * len(items))(*[k.encode() for k, _ in items])
+        values = (ctypes.c_char_p * len(items))(*[v.encode() for _, v in items])
+        cached = (len(items), keys, values)
+        _attr_cache[items] = cached
+    return cached
+
+
+def _invoke(name, inputs, outputs, items):
+    """Runs operator `name` on NDArrays `inputs`, writing into NDArrays `outputs`."""
+    lib, ndarray_handle, check_call = _c_api()
+    count, keys, values = _attributes(items)
+    in_handles = (ndarray_handle * len(inputs))(*[a.handle for a in inputs])
+    out_handles = (ndarray_handle * len(outputs))(*[a.handle for a in outputs])
+    out_pointer = ctypes.cast(out_handles, ctypes.POINTER(ndarray_handle))
+    num_outputs = ctypes.c_int(len(outputs))
+    out_stypes = ctypes.POINTER(ctypes.c_int)()
+    check_call(lib.MXImperativeInvokeEx(_op_handle(name), ctypes.c_int(len(inputs)),
+                                        in_handles, ctypes.byref(num_outputs),
+                                        ctypes.byref(out_pointer), ctypes.c_int(count), keys,
+                                        values, ctypes.byref(out_stypes)))
+
+
+def _placeholder(context):
+    """A shared 1-element float32 array of `context`, passed where an operator input is not
+    used (var outside adaptive mode). The operators neither read it nor declare it written,
+    so sharing it creates no dependency between calls."""
+    key = (context.device_type, context.device_id)
+    array = _placeholders.get(key)
+    if array is None:
+        import mxnet as mx
+        array = mx.nd.zeros((1,), ctx=context, dtype="float32")
+        _placeholders[key] = array
+    return array
+
+
+def _common_items(rescale_grad, clip_gradient, momentum, lam, adaptive, beta, eps):
+    return (("rescale_grad", _number(rescale_grad)),
+            ("clip_gradient", _number(clip_gradient if clip_gradient is not None else -1.0)),
+            ("momentum", _number(momentum)), ("lam", _number(lam)),
+            ("adaptive", "1" if adaptive else "0"), ("beta", _number(beta)),
+            ("eps", _number(eps)))
+
+
+# ------------------------------------------------------------------------------------------
+# Which arrays the operators take
+
+def accepts(arrays):
+    """True when all of `arrays` (NDArrays) can go to the fused operators together.
+
+    That is: the library is loaded, they share one context that it supports (CPU, or GPU
+    when it was built with its CUDA kernels), and every one is float32 with default
+    (dense) storage. Arrays in an MKL-DNN layout are accepted: the operators reorder them.
+    For anything else (float16 weights, the float16 weights of a multi_precision setup,
+    float64, sparse arrays, mixed contexts) it returns False and the caller uses the NDArray
+    fallback, which computes the same formulas in the arrays' own dtype.
+
+    Costs a few C calls per array: call it once when a group of parameters is formed and
+    keep the answer (an NDArray's dtype, storage and context never change)."""
+    if not arrays or not loader.is_loaded():
+        return False
+    context = arrays[0].context
+    if not loader.supports(context):
+        return False
+    import numpy as np
+    return all(a.context == context and a.dtype == np.float32 and a.stype == "default"
+               for a in arrays)
+
+
+# ------------------------------------------------------------------------------------------
+# Single-array operators
+
+def local_update_(weight, grad, global_weight, mom, var, *, rescale_grad, clip_gradient, lr,
+                  momentum, wd, lam, adaptive, beta, eps):
+    """The local SGD step of OD-SGD (SPEC.md section 2), fused, in place.
+
+    Per element, in float32, in one pass over memory::
+
+        g    = clip(rescale_grad * grad, -clip_gradient, clip_gradient)   # clip if > 0
+        v    = beta * v + (1 - beta) * g * g;  c = 1 / sqrt(v + eps)      # adaptive
+        c    = 1                                                          # otherwise
+        step = g + wd * W + lam * c * g * g * (W - w)
+        mom  = momentum * mom - lr * step
+        w    = W + mom
+
+    Parameters
+    ----------
+    weight : NDArray, float32, any shape S
+        w_t on entry, w_{t+1} on return (updated in place: the operator writes out=weight).
+        May be in an MKL-DNN layout (it is reordered to the default layout first).
+    grad : NDArray, float32, shape S
+        The worker's raw gradient grad_t (before rescale_grad).
+    global_weight : NDArray, float32, shape S
+        W_t, the newest global weights the worker holds. Read only.
+    mom : NDArray, float32, shape S
+        The worker's momentum m for this key (starts at 0); updated in place.
+    var : NDArray, float32, shape S, or None
+        The adaptive mode's v (starts at 0); updated in place when `adaptive`. When not
+        adaptive it is never touched: None (or any float32 array) will do.
+    rescale_grad : float
+        r, multiplies grad (what Trainer.step(batch_size) sets: 1 / batch_size).
+    clip_gradient : float or None
+        Bound of the rescaled gradient; None or <= 0 turns clipping off.
+    lr, momentum, wd : float
+        The local optimizer's learning rate (after its schedule), momentum mu_l, weight decay.
+    lam : float
+        Compensation strength; 0 turns the compensation term off.
+    adaptive : bool
+        True: c = 1 / sqrt(v + eps) ('adaptive' mode); False: c = 1 ('constant').
+    beta, eps : float
+        Decay of v and the term added under the square root (read only when adaptive).
+
+    Returns
+    -------
+    NDArray
+        `weight` itself.
+
+    All arrays share one context and must not overlap in memory (global_weight may be any
+    read-only array). Raises MXNetError for other dtypes or shapes; requires `load()`.
+    """
+    var = _var_or_placeholder(var, weight, adaptive, "local_update_", "var")
+    layout.to_default_layout((weight,), weight.context)
+    items = _common_items(rescale_grad, clip_gradient, momentum, lam, adaptive, beta, eps) + (
+        ("lr", _number(lr)), ("wd", _number(wd)))
+    _invoke("odsgd_local_update", (weight, grad, global_weight, mom, var), (weight,), items)
+    return weight
+
+
+def predict_update_(weight, grad, global_weight, prev_global_weight, var, *, rescale_grad,
+                    clip_gradient, lr, momentum, wd, lam, adaptive, beta, eps, num_workers):
+    """The 'predict' local step of OD-SGD (SPEC.md section 2), fused, in place.
+
+    Predicts the global SGD update that has not arrived yet. Per element, in float32::
+
+        g, c as in `local_update_` (v updated first when adaptive)
+        gc = g + lam * c * g * g * (W - w)
+        w  = W + momentum * (W - W_prev) - lr * (num_workers * gc + wd * W)
+
+    Parameters
+    ----------
+    weight : NDArray, float32, any shape S
+        w_t on entry, w_{t+1} on return (updated in place; any layout, as in local_update_).
+    grad : NDArray, float32, shape S
+        The worker's raw gradient grad_t.
+    global_weight : NDArray, float32, shape S
+        W_t, the newest global weights. Read only.
+    prev_global_weight : NDArray, float32, shape S
+        W_{t-1}; pass global_weight itself when no earlier global weights exist. Read only.
+    var : NDArray, float32, shape S, or None
+        v of the adaptive mode, updated in place when `adaptive`; None allowed otherwise.
+    rescale_grad, clip_gradient, lam, adaptive, beta, eps
+        As in `local_update_`.
+    lr, momentum, wd : float
+        The *global* optimizer's (SGD) current learning rate, momentum mu and weight decay.
+    num_workers : int
+        N, the number of workers whose gradients the global update sums.
+
+    Returns
+    -------
+    NDArray
+        `weight` itself.
+    """
+    var = _var_or_placeholder(var, weight, adaptive, "predict_update_", "var")
+    layout.to_default_layout((weight,), weight.context)
+    items = _common_items(rescale_grad, clip_gradient, momentum, lam, adaptive, beta, eps) + (
+        ("lr", _number(lr)), ("wd", _number(wd)), ("num_workers", str(int(num_workers))))
+    _invoke("odsgd_predict_update", (weight, grad, global_weight, prev_global_weight, var),
+            (weight,), items)
+    return weight
+
+
+def _var_or_placeholder(var, weight, adaptive, caller, name):
+    if var is not None:
+        return var
+    if adaptive:
+        raise TypeError("odsgd.native.%s: %s is required when adaptive is true (an array "
+                        "holding v, laid out like the weights)" % (caller, name))
+    return _placeholder(weight.context)
+
+
+# ------------------------------------------------------------------------------------------
+# Multi-array operators
+
+def multi_update_(kind, weights, grads, global_flat, *, prev_global_flat=None, mom_flat=None,
+                  var_flat=None, send_flat=None, lrs, wds, rescale_grad, clip_gradient,
+                  momentum, lam, adaptive, beta, eps, num_workers=1):
+    """The local step of OD-SGD (SPEC.md section 2) on P arrays at once: one operator call.
+
+    The per-element math is exactly `local_update_` (kind 'sgd') or `predict_update_`
+    (kind 'predict'), array k with lr = lrs[k] and wd = wds[k].
+
+    The flat layout: array k of n_k elements occupies [off_k, off_k + n_k) of a 1-D float32
+    array of length N = n_0 + ... + n_{P-1} (off_0 = 0, arrays in the order given, each
+    flattened in C order), as `gather_` writes it.
+
+    Parameters
+    ----------
+    kind : {'sgd', 'predict'}
+    weights : list of P NDArrays, float32, any shapes, one context
+        w_t in, w_{t+1} out, in place (any layout: see odsgd.native.layout).
+    grads : list of P NDArrays, float32, shaped like the weights
+        Raw gradients (before rescale_grad). Read only.
+    global_flat : NDArray, float32, (N,)
+        W_t of the P arrays, flat layout. Read only.
+    prev_global_flat : NDArray, float32, (N,)
+        'predict' only (required): W_{t-1}, flat layout; may be global_flat itself when no
+        earlier global weights exist. Read only.
+    mom_flat : NDArray, float32, (N,)
+        'sgd' only (required): the momentum m, flat layout; updated in place.
+    var_flat : NDArray, float32, (N,), or None
+        v of the adaptive mode, flat layout, updated in place; required when `adaptive`.
+    send_flat : NDArray, float32, (N,), or None
+        When given, the same call also writes send_flat[off_k:off_k+n_k] = grads[k].ravel()
+        (the raw gradient, for the push).
+    lrs, wds : sequences of P floats
+        Per-array learning rate and weight decay ('sgd': the local optimizer's; 'predict':
+        the global optimizer's lr x lr_mult and wd x wd_mult, as the servers apply them).
+    rescale_grad, clip_gradient, momentum, lam, adaptive, beta, eps
+        As in `local_update_` (momentum: the local mu_l for 'sgd', the global mu for
+        'predict').
+    num_workers : int
+        'predict': N, the number of workers.
+
+    Returns
+    -------
+    list
+        `weights` itself.
+
+    Raises
+    ------
+    ValueError, TypeError
+        A wrong kind, P = 0, lists of different lengths, a required flat array missing or
+        one given that the kind does not use. MXNetError (raised here, synchronously): a
+        dtype other than float32, shapes that do not match, a flat array of the wrong
+        length. Arrays whose memory overlaps are refused when the operator runs (raised at
+        the next wait on a written array).
+    """
+    if kind not in ("sgd", "predict"):
+        raise ValueError("odsgd.native.multi_update_: kind must be 'sgd' or 'predict', got %r"
+                         % (kind,))
+    num = len(weights)
+    if num == 0:
+        raise ValueError("odsgd.native.multi_update_: no arrays (P = 0); call it with at "
+                         "least one weight")
+    if not len(grads) == len(lrs) == len(wds) == num:
+        raise ValueError("odsgd.native.multi_update_: weights, grads, lrs and wds must have "
+                         "one entry per array; got %d, %d, %d, %d"
+                         % (num, len(grads), len(lrs), len(wds)))
+    if kind == "sgd":
+        aux, unused = mom_flat, ("prev_global_flat", prev_global_flat)
+        if mom_flat is None:
+            raise TypeError("odsgd.native.multi_update_: kind 'sgd' needs mom_flat (the "
+                            "momentum, flat layout)")
+    else:
+        aux, unused = prev_global_flat, ("mom_flat", mom_flat)
+        if prev_global_flat is None:
+            raise TypeError("odsgd.native.multi_update_: kind 'predict' needs "
+                            "prev_global_flat (W_{t-1}, flat layout; global_flat itself at "
+                            "the first step)")
+    if unused[1] is not None:
+        raise TypeError("odsgd.native.multi_update_: kind %r does not use %s; pass None"
+                        % (kind, unused[0]))
+    context = global_flat.context
+    var_flat = _var_or_placeholder(var_flat, global_flat, adaptive, "multi_update_",
+                                   "var_flat")
+    send = send_flat is not None
+    items = (("num_arrays", str(num)), ("lrs", _rate_list(list(lrs))),
+             ("wds", _rate_list(list(wds))), ("send", "1" if send else "0")) + _common_items(
+        rescale_grad, clip_gradient, momentum, lam, adaptive, beta, eps)
+    if kind == "predict":
+        items += (("num_workers", str(int(num_workers))),)
+    layout.to_default_layout(weights, context)
+    inputs = list(weights)
+    inputs += grads
+    inputs += (global_flat, aux, var_flat)
+    # send_flat is an output: MXNet records an operator's failure on its outputs only, so a
+    # push of send_flat after a failed call is skipped with the error, never sends stale data.
+    outputs = list(weights) + [send_flat] if send else weights
+    _invoke("odsgd_multi_local_update" if kind == "sgd" else "odsgd_multi_predict_update",
+            inputs, outputs, items)
+    return weights
+
+
+def gather_(arrays, flat):
+    """flat = the concatenation of `arrays`, each flattened in C order (the flat layout of
+    `multi_update_`), in one operator call.
+
+    Parameters
+    ----------
+    arrays : list of P >= 1 NDArrays, float32, any shapes, one context. Read only.
+    flat : NDArray, float32, (N,), N = the sum of their sizes; written.
+
+    Returns `flat`. MXNetError for other dtypes or a wrong length."""
+    if not arrays:
+        raise ValueError("odsgd.native.gather_: no arrays; pass at least one")
+    _invoke("odsgd_gather", arrays, (flat,), (("num_arrays", str(len(arrays))),))
+    return flat
+
+
+def scatter_(flat, arrays):
+    """arrays[k][:] = flat[off_k:off_k+n_k].reshape(shape_k) for every k (the inverse of
+    `gather_`), in one operator call.
+
+    Parameters
+    ----------
+    flat : NDArray, float32, (N,). Read only.
+    arrays : list of P >= 1 NDArrays, float32, any shapes (any layout), one context; written.
+
+    Returns `arrays`. MXNetError for other dtypes or a wrong length."""
+    if not arrays:
+        raise ValueError("odsgd.native.scatter_: no arrays; pass at least one")
+    layout.to_default_layout(arrays, flat.context)
+    inputs = [flat]
+    inputs += arrays
+    _invoke("odsgd_scatter", inputs, arrays, (("num_arrays", str(len(arrays))),))
+    return arrays
