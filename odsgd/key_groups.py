@@ -134,6 +134,7 @@ class KeyGroup(object):
         self.first_step = first_step
         self.step = 0
         self.retired = False         # its parameters moved to another group
+        self.native_answers = {}     # ids of arrays -> whether the fused operators take them
         self._views = {}
 
     @property

@@ -29,13 +29,13 @@ import pickle
 import mxnet as mx
 from mxnet.kvstore import KVStoreBase
 
-from . import rates
+from . import native, rates
 from .agreement import OPTIMIZER_COMMAND, WorkerAgreement
 from .config import ODSGDConfig
 from .environment import check_environment, exit_on_uncaught_exception
 from .key_groups import (GROUP_KEY_BASE, KEY_LIMIT, KeyGroup, fusion_elements, plan_fusion,
                          plan_signature)
-from .local_update import LocalUpdater
+from .local_update import LocalUpdater, fused_ops_take
 from .overlap import OverlapMeter, metrics_interval
 from .server_updater import (ServerOptimizer, group_layouts_command, learning_rate_command,
                              multipliers_command)
@@ -624,8 +624,8 @@ KVStoreBase.kv_registry["dist_odsgd"] = DistODSGD
 def _gather(grads, group, flat):
     """flat = the gradients end to end (group layout): one operator where the library takes
     the arrays, else one copy per parameter."""
-    from . import native
-    if hasattr(native, "gather_") and native.is_loaded() and native.accepts(list(grads) + [flat]):
+    arrays = list(grads) + [flat]
+    if fused_ops_take(group, arrays):
         native.gather_(list(grads), flat)
         return
     for grad, view in zip(grads, group.views(flat)):
@@ -634,9 +634,8 @@ def _gather(grads, group, flat):
 
 def _scatter(group, flat, weights):
     """weights = their parts of `flat`: one operator, else one copy per parameter."""
-    from . import native
-    if hasattr(native, "scatter_") and native.is_loaded() and \
-            native.accepts(list(weights) + [flat]):
+    arrays = list(weights) + [flat]
+    if fused_ops_take(group, arrays):
         native.scatter_(flat, list(weights))
         return
     for view, weight in zip(group.views(flat), weights):

@@ -59,8 +59,17 @@ def _compensation(g, var, lam, adaptive, beta, eps):
     return lam * g2 / mx.nd.sqrt(var + eps)
 
 
-def _fused_ops_available():
-    return hasattr(native, "multi_update_") and native.is_loaded()
+def fused_ops_take(group, arrays):
+    """True when the fused operators take `arrays` (odsgd.native.accepts), asked once per
+    set of arrays of a group: the answer costs C calls per array, and a Trainer hands the
+    same arrays every step."""
+    key = tuple(map(id, arrays))
+    answer = group.native_answers.get(key)
+    if answer is None:
+        if len(group.native_answers) > 8:   # arrays that change every call: do not grow
+            group.native_answers.clear()
+        answer = group.native_answers[key] = native.accepts(arrays)
+    return answer
 
 
 class LocalUpdater(object):
@@ -171,7 +180,7 @@ class LocalUpdater(object):
         common = self._common()
         arrays = list(weights) + list(grads) + [group.current, group.previous]
         arrays += [a for a in (group.mom, group.var, send) if a is not None]
-        if _fused_ops_available() and native.accepts(arrays):
+        if fused_ops_take(group, arrays):
             native.multi_update_(kind, weights, grads, group.current,
                                  prev_global_flat=group.previous if kind == "predict" else None,
                                  mom_flat=group.mom, var_flat=group.var, send_flat=send,
