@@ -52,8 +52,7 @@ $(CUDA_CHECKED): $(CUDA_STAMP) $(wildcard kvstore_ext/*)
 	touch $(CUDA_CHECKED)
 
 bench: $(STAMP)
-	$(PY) -m odsgd.bench throughput --batch-size 1024 --bandwidth-mbit 2000,4000,6000,0 \
-		--repeats 3 --steps 30 --skip 8 --json results/throughput_mlp.json
+	PY=$(PY) scripts/bench_throughput_suite.sh results
 
 clean:
 	rm -rf $(VENV) odsgd/lib build *.egg-info

@@ -5,9 +5,11 @@ Used by `make demo`, `odsgd.bench throughput` and `odsgd.bench convergence`.
 """
 import contextlib
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -34,18 +36,31 @@ def job_environment(env=None):
 
 
 def run_job(module_args, workers=2, servers=1, timeout=600, env=None, netns=None,
-            show=None):
+            show=None, stall_timeout=None):
     """Runs the job and returns its output. `show(line)` decides which lines are echoed as
-    progress (default: none). Raises JobFailed with the end of the output on failure."""
+    progress (default: none). With `stall_timeout`, a job that prints nothing for that many
+    seconds is ended (a hung collective shows no CPU and no output; without this it would
+    wait for `timeout`). Raises JobFailed with the reason and the end of the output."""
     command = launch_command(module_args, workers, servers, timeout)
     if netns is not None:
         command = ["ip", "netns", "exec", netns] + command
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                env=job_environment(env), cwd=REPO, text=True,
                                start_new_session=True)
-    lines = []
+    lines, stalled = [], None
+    output = queue.Queue()
+    reader = threading.Thread(target=_read_lines, args=(process.stdout, output), daemon=True)
+    reader.start()
     try:
-        for line in process.stdout:
+        while True:
+            try:
+                line = output.get(timeout=stall_timeout)
+            except queue.Empty:
+                stalled = stall_timeout
+                _end(process)
+                break
+            if line is None:
+                break
             lines.append(line)
             if show is not None and show(line):
                 sys.stdout.write(line)
@@ -55,11 +70,20 @@ def run_job(module_args, workers=2, servers=1, timeout=600, env=None, netns=None
         # Ctrl-C or an error here: the launcher ends its own job on SIGTERM.
         _end(process)
         raise
+    name = " ".join(map(str, module_args))
+    if stalled is not None:
+        raise JobFailed("job %s made no progress (printed nothing) for %d s; ended it. Its last "
+                        "output:\n%s" % (name, stalled, "".join(lines[-40:])))
     if process.returncode != 0:
         raise JobFailed("job %s failed (exit %d):\n%s"
-                        % (" ".join(map(str, module_args)), process.returncode,
-                           "".join(lines[-40:])))
+                        % (name, process.returncode, "".join(lines[-40:])))
     return "".join(lines)
+
+
+def _read_lines(stream, output):
+    for line in stream:
+        output.put(line)
+    output.put(None)
 
 
 def _end(process):

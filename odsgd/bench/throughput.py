@@ -10,7 +10,13 @@ own; 0 = unshaped) it measures:
   push + pull of every parameter with no computation (a dist_sync job under that bandwidth);
 * the bounds: SSGD = N B / (t_comp + t_comm), ideal overlap = N B / max(t_comp, t_comm);
 * dist_odsgd's own overlap meter: the mean time its local update waited for the previous pull,
-  and the share of t_comm hidden, 1 - wait / t_comm.
+  and the share of t_comm hidden, 1 - wait / t_comm;
+* the CPU each mode used: every process's CPU seconds in the timed window (odsgd.bench.cpu_meter,
+  from /proc), per role, as cores in use and CPU seconds per step; and the CPU-and-link bound,
+  min(samples/s x cores / cores in use, N B / wire time), the wire time being the bits of one
+  step's pushes and pulls (2 N x the parameters) at the shaped rate: how fast the job could
+  go on this machine's cores and this link, so that a mode that is below its ideal shows whether the CPU
+  or the network holds it back.
 
 Writes a table to the console, --json FILE (key "runs", one entry per mode and bandwidth) and
 a PNG plot beside it.
@@ -23,18 +29,23 @@ import sys
 import tempfile
 import time
 
+from .cpu_meter import JobCPUMeter
 from .jobs import run_job, shaped_namespace, JobFailed, job_environment
+from .throughput_job import MODEL_HELP
 
 MODES = ("dist_sync", "dist_async", "dist_odsgd")
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="odsgd.bench throughput", description=__doc__)
-    p.add_argument("--model", default="mlp", help="mlp (2.1 M params), resnet18_v1, resnet50_v1")
+    p.add_argument("--model", default="mlp", help=MODEL_HELP)
     p.add_argument("--batch-size", type=int, default=128, help="per worker")
     p.add_argument("--image-size", type=int, default=224, help="for the ResNets")
     p.add_argument("--mlp-hidden", type=int, default=1024,
                    help="hidden units of 'mlp' (1024: 2.1 M parameters)")
+    p.add_argument("--dense-layers", type=int, default=81,
+                   help="layers of 'dense' (81: 162 parameter arrays)")
+    p.add_argument("--dense-width", type=int, default=16, help="units per layer of 'dense'")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--servers", type=int, default=1)
     p.add_argument("--bandwidth-mbit", default="0,1000,2000,4000",
@@ -52,6 +63,11 @@ def parse_args(argv=None):
     p.add_argument("--omp-threads", type=int, default=1,
                    help="OMP_NUM_THREADS of every process (1: one core per worker)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per job")
+    p.add_argument("--stall-timeout", type=int, default=60,
+                   help="end a job that prints nothing for this many seconds (jobs print "
+                        "progress every 5 s)")
+    p.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)),
+                   help="cores the job has, for the CPU bound (default: this process's)")
     p.add_argument("--json", default="results/throughput.json")
     p.add_argument("--plot", default=None, help="PNG path (default: beside --json)")
     args = p.parse_args(argv)
@@ -68,6 +84,7 @@ def parse_args(argv=None):
 def _job_args(args, out, **extra):
     job = ["odsgd.bench.throughput_job", "--model", args.model, "--batch-size",
            args.batch_size, "--image-size", args.image_size, "--mlp-hidden", args.mlp_hidden,
+           "--dense-layers", args.dense_layers, "--dense-width", args.dense_width,
            "--steps", args.steps,
            "--skip", args.skip, "--out", out]
     for key, value in extra.items():
@@ -99,24 +116,32 @@ def measure_compute(args):
                                                                      measure="compute")]
         subprocess.run(command, check=True, env=job_environment(_env(args)),
                        capture_output=True, text=True, timeout=args.timeout)
-        return _read_ranks(out, 1)[0]["t_comp"]
+        return _read_ranks(out, 1)[0]
 
 
 def measure_comm(args, netns):
     with tempfile.TemporaryDirectory() as out:
         run_job(_job_args(args, out, measure="comm"), args.workers, args.servers,
-                args.timeout, env=_env(args), netns=netns)
+                args.timeout, env=_env(args), netns=netns, stall_timeout=args.stall_timeout)
         return max(r["t_comm"] for r in _read_ranks(out, args.workers))
 
 
 def measure_mode(args, mode, netns):
-    """(samples/s of the whole job, dist_odsgd overlap summaries or None)."""
-    with tempfile.TemporaryDirectory() as out:
+    """(samples/s of the whole job, dist_odsgd overlap summaries or None, {role: cores in
+    use during the timed window})."""
+    meter = JobCPUMeter()
+    with tempfile.TemporaryDirectory() as out, meter:
+        env = dict(_env(args, mode), **meter.environment)
         run_job(_job_args(args, out, kvstore=mode), args.workers, args.servers, args.timeout,
-                env=_env(args, mode), netns=netns)
+                env=env, netns=netns, stall_timeout=args.stall_timeout)
         ranks = _read_ranks(out, args.workers)
+    # The window all workers were timing in; CPU of every process of the job inside it.
+    start = max(r["window"][0] for r in ranks)
+    end = min(r["window"][1] for r in ranks)
+    cores = {role: cpu / (end - start) for role, cpu in meter.cpu_in(start, end).items()} \
+        if end > start else {}
     overlap = [r["overlap"] for r in ranks if "overlap" in r]
-    return sum(r["samples_per_sec"] for r in ranks), overlap or None
+    return sum(r["samples_per_sec"] for r in ranks), overlap or None, cores
 
 
 def _namespace(bandwidth):
@@ -127,12 +152,15 @@ def _namespace(bandwidth):
 
 
 def run(args):
-    t_comp = measure_compute(args)
-    print("t_comp = %.1f ms per step (%s, batch %d, one process)"
-          % (1e3 * t_comp, args.model, args.batch_size), flush=True)
+    compute = measure_compute(args)
+    t_comp = compute["t_comp"]
+    print("t_comp = %.1f ms per step (%s: %d parameter arrays, %.1f MB; batch %d, one process)"
+          % (1e3 * t_comp, args.model, compute["parameter_arrays"],
+             compute["parameter_bytes"] / 1e6, args.batch_size), flush=True)
     runs = []
     for bandwidth in args.bandwidths:
         samples = {mode: [] for mode in args.mode_list}
+        cores = {mode: [] for mode in args.mode_list}
         overlaps = []
         with _namespace(bandwidth) as netns:
             t_comm = measure_comm(args, netns)
@@ -143,14 +171,15 @@ def run(args):
                     args.mode_list[:repeat % len(args.mode_list)]
                 for mode in order:
                     tic = time.time()
-                    rate, overlap = measure_mode(args, mode, netns)
+                    rate, overlap, used = measure_mode(args, mode, netns)
                     samples[mode].append(rate)
+                    cores[mode].append(used)
                     if overlap:
                         overlaps.extend(overlap)
-                    print("[%s] repeat %d/%d  %-10s %8.1f samples/s  (%.0f s)"
+                    print("[%s] repeat %d/%d  %-10s %8.1f samples/s  %.2f cores  (%.0f s)"
                           % (_bw(bandwidth), repeat + 1, args.repeats, mode, rate,
-                             time.time() - tic), flush=True)
-        runs.extend(_summarise(args, bandwidth, samples, t_comp, t_comm, overlaps))
+                             sum(used.values()), time.time() - tic), flush=True)
+        runs.extend(_summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores))
     return runs
 
 
@@ -163,12 +192,40 @@ def _bw(bandwidth):
     return "%5d Mbit/s" % bandwidth if bandwidth else "  unshaped  "
 
 
-def _summarise(args, bandwidth, samples, t_comp, t_comm, overlaps):
+def cpu_summary(rates, cores_per_repeat, cores, per_step, wire_seconds):
+    """CPU fields of one mode: median cores in use per role and in all, CPU seconds per step,
+    and the CPU-and-link bound min(rate x cores / cores in use, per_step / wire_seconds),
+    each repeat's bound from its own rate and CPU, then the median."""
+    roles = sorted({role for used in cores_per_repeat for role in used})
+    total = [sum(used.values()) for used in cores_per_repeat]
+    cpu_bounds = [rate * cores / used for rate, used in zip(rates, total) if used > 0]
+    link_bound = per_step / wire_seconds if wire_seconds else None
+    entry = {"cores": cores,
+             "cores_in_use": statistics.median(total) if total else None,
+             "cores_in_use_by_role": {role: statistics.median(used.get(role, 0.0)
+                                                              for used in cores_per_repeat)
+                                      for role in roles},
+             "link_bound_samples_per_sec": link_bound}
+    if cpu_bounds:
+        entry["cpu_seconds_per_step"] = statistics.median(
+            used * per_step / rate for rate, used in zip(rates, total) if rate > 0)
+        entry["cpu_bound_samples_per_sec"] = statistics.median(cpu_bounds)
+        entry["bound_samples_per_sec"] = statistics.median(
+            min(b, link_bound or b) for b in cpu_bounds)
+    return entry
+
+
+def _summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores):
     per_step = args.workers * args.batch_size
+    t_comp = compute["t_comp"]
+    # Every worker pushes and pulls every parameter once a step, all through the one link.
+    wire_bits = 2 * args.workers * compute["parameter_bytes"] * 8
+    wire_seconds = wire_bits / (bandwidth * 1e6) if bandwidth else None
     runs = []
     for mode, rates in samples.items():
         entry = {"mode": mode, "model": args.model, "mlp_hidden": args.mlp_hidden,
-                 "workers": args.workers,
+                 "workers": args.workers, "dense_layers": args.dense_layers,
+                 "dense_width": args.dense_width, "image_size": args.image_size,
                  "servers": args.servers, "batch_size": args.batch_size,
                  "bandwidth_mbit": bandwidth, "repeats": len(rates),
                  "samples_per_sec": statistics.median(rates),
@@ -176,6 +233,9 @@ def _summarise(args, bandwidth, samples, t_comp, t_comm, overlaps):
                  "samples_per_sec_all": rates, "t_comp": t_comp, "t_comm": t_comm,
                  "ssgd_bound_samples_per_sec": per_step / (t_comp + t_comm),
                  "ideal_samples_per_sec": per_step / max(t_comp, t_comm)}
+        entry.update(cpu_summary(rates, cores[mode], args.cores, per_step, wire_seconds),
+                     parameter_arrays=compute["parameter_arrays"],
+                     parameter_bytes=compute["parameter_bytes"], wire_seconds=wire_seconds)
         if mode == "dist_odsgd" and overlaps:
             waits = [o["mean_wait_s"] for o in overlaps if o["mean_wait_s"] is not None]
             if waits:
@@ -190,8 +250,9 @@ def print_table(runs):
     by_bw = {}
     for r in runs:
         by_bw.setdefault(r["bandwidth_mbit"], {})[r["mode"]] = r
-    print("\n%-12s %-11s %22s %9s %9s %9s %9s" % ("bandwidth", "mode", "samples/s (min-max)",
-                                                 "x sync", "x async", "x ideal", "hidden"))
+    print("\n%-12s %-11s %22s %7s %7s %7s %7s %7s %7s"
+          % ("bandwidth", "mode", "samples/s (min-max)", "x sync", "x async", "x ideal",
+             "cores", "x bound", "hidden"))
     for bandwidth in sorted(by_bw, key=_bandwidth_order):
         modes = by_bw[bandwidth]
         sync = modes.get("dist_sync", {}).get("samples_per_sec")
@@ -199,12 +260,15 @@ def print_table(runs):
         for mode, r in modes.items():
             rate = r["samples_per_sec"]
             hidden = r.get("overlap_hidden_fraction")
-            print("%-12s %-11s %8.1f (%6.1f-%6.1f) %9s %9s %9.2f %9s"
+            bound = r.get("bound_samples_per_sec")
+            print("%-12s %-11s %8.1f (%6.1f-%6.1f) %7s %7s %7.2f %7s %7s %7s"
                   % (_bw(bandwidth), mode, rate, r["samples_per_sec_min"],
                      r["samples_per_sec_max"],
                      "%.2f" % (rate / sync) if sync else "-",
                      "%.2f" % (rate / async_) if async_ else "-",
                      rate / r["ideal_samples_per_sec"],
+                     "%.2f" % r["cores_in_use"] if r.get("cores_in_use") else "-",
+                     "%.2f" % (rate / bound) if bound else "-",
                      "%.0f%%" % (100 * hidden) if hidden is not None else "-"))
         any_run = next(iter(modes.values()))
         print("%-12s %-11s %8.1f   t_comp %.1f ms, t_comm %.1f ms; SSGD bound %.1f"

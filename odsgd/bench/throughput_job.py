@@ -17,10 +17,12 @@ import numpy as np
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="mlp", help="mlp, resnet18_v1, resnet50_v1 (GluonCV)")
+    p.add_argument("--model", default="mlp", help=MODEL_HELP)
     p.add_argument("--batch-size", type=int, default=128, help="per worker")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--mlp-hidden", type=int, default=1024, help="hidden units of 'mlp'")
+    p.add_argument("--dense-layers", type=int, default=81, help="layers of 'dense'")
+    p.add_argument("--dense-width", type=int, default=16, help="units per layer of 'dense'")
     p.add_argument("--kvstore", default="dist_odsgd")
     p.add_argument("--measure", choices=["train", "compute", "comm"], default="train")
     p.add_argument("--steps", type=int, default=30, help="timed steps")
@@ -30,6 +32,10 @@ def parse_args(argv=None):
 
 
 MLP_IN, CLASSES = 1024, 10
+MODEL_HELP = ("mlp (1024-hidden-hidden-10, 2.1 M parameters), dense (many small Dense layers: "
+              "--dense-layers x Dense(--dense-width), 2 arrays each), cifar_resnet20_v1 "
+              "(10 classes, 65 arrays; use --image-size 32), or any GluonCV ImageNet model "
+              "such as resnet18_v1, resnet50_v1 (1000 classes)")
 
 
 def mlp_parameter_count(hidden):
@@ -37,18 +43,26 @@ def mlp_parameter_count(hidden):
     return MLP_IN * hidden + hidden + hidden * hidden + hidden + hidden * CLASSES + CLASSES
 
 
-def build_model(name, image_size, mlp_hidden=1024):
-    """(net, input shape without batch, classes). 'mlp': 1024-hidden-hidden-10."""
+def build_model(name, image_size, mlp_hidden=1024, dense_layers=81, dense_width=16):
+    """(net, input shape without batch, classes), initialised and hybridized."""
     if name == "mlp":
         net = mx.gluon.nn.HybridSequential()
         net.add(mx.gluon.nn.Dense(mlp_hidden, activation="relu", in_units=MLP_IN),
                 mx.gluon.nn.Dense(mlp_hidden, activation="relu", in_units=mlp_hidden),
                 mx.gluon.nn.Dense(CLASSES, in_units=mlp_hidden))
         shape, classes = (MLP_IN,), CLASSES
+    elif name == "dense":
+        # The shape of work that per-array overhead hurts most: 2 * dense_layers small arrays.
+        net = mx.gluon.nn.HybridSequential()
+        for _ in range(dense_layers - 1):
+            net.add(mx.gluon.nn.Dense(dense_width, activation="relu", in_units=dense_width))
+        net.add(mx.gluon.nn.Dense(CLASSES, in_units=dense_width))
+        shape, classes = (dense_width,), CLASSES
     else:
         from gluoncv.model_zoo import get_model
-        net = get_model(name, classes=1000)
-        shape, classes = (3, image_size, image_size), 1000
+        classes = 10 if name.startswith("cifar_") else 1000
+        net = get_model(name, classes=classes)
+        shape = (3, image_size, image_size)
     net.initialize(mx.init.Xavier(magnitude=2))
     net.hybridize(static_alloc=True, static_shape=True)
     return net, shape, classes
@@ -61,23 +75,42 @@ def synthetic_batch(shape, classes, batch_size):
     return data, label
 
 
-def timed(step, skip, steps):
-    """Seconds per step of `step()` over `steps` steps after `skip` untimed ones."""
-    for _ in range(skip):
-        step()
+def timed(step, skip, steps, progress_every=5.0):
+    """Seconds per step of `step()` over `steps` steps after `skip` untimed ones, and the
+    timed window (wall-clock start, end) and this process's CPU seconds in it (all threads).
+
+    Prints a progress line at most every `progress_every` seconds: the benchmark ends a job
+    whose output stops (odsgd.bench.jobs.run_job's stall timeout)."""
+    last = [time.time()]
+
+    def run(count, label):
+        for i in range(count):
+            step()
+            if time.time() - last[0] >= progress_every:
+                mx.nd.waitall()
+                print("%s step %d/%d" % (label, i + 1, count), flush=True)
+                last[0] = time.time()
+
+    run(skip, "untimed")
     mx.nd.waitall()
-    tic = time.time()
-    for _ in range(steps):
-        step()
+    tic, cpu = time.time(), time.process_time()
+    run(steps, "timed")
     mx.nd.waitall()
-    return (time.time() - tic) / steps
+    toc = time.time()
+    return (toc - tic) / steps, {"window": [tic, toc], "cpu_seconds": time.process_time() - cpu}
 
 
 def model_step(args, trainer_for=None):
     """(net, step): the model with one synthetic batch, and a function that runs one step's
     forward and backward, then `trainer.step` when `trainer_for(net)` gives a Trainer."""
-    net, shape, classes = build_model(args.model, args.image_size, args.mlp_hidden)
-    net(mx.nd.zeros((1,) + shape))
+    net, shape, classes = build_model(args.model, args.image_size, args.mlp_hidden,
+                                      args.dense_layers, args.dense_width)
+    # The first forward (it finishes deferred initialisation) runs in training mode: an
+    # inference forward leaves convolution weights in an MKL-DNN layout, and MXNet 1.9's
+    # dist_sync then pushes them with the wrong size (the server aborts with "init N first",
+    # or a pull never returns). docs/benchmarks.md, "ResNets on CPU".
+    with mx.autograd.record():
+        net(mx.nd.zeros((1,) + shape))
     trainer = trainer_for(net) if trainer_for else None
     data, label = synthetic_batch(shape, classes, args.batch_size)
     loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
@@ -92,8 +125,11 @@ def model_step(args, trainer_for=None):
 
 
 def measure_compute(args):
-    _, step = model_step(args)
-    return {"t_comp": timed(step, args.skip, args.steps)}, 0
+    net, step = model_step(args)
+    seconds, window = timed(step, args.skip, args.steps)
+    trained = [p.data() for p in net.collect_params().values() if p.grad_req != "null"]
+    return dict(window, t_comp=seconds, parameter_arrays=len(trained),
+                parameter_bytes=sum(w.size * w.dtype(0).itemsize for w in trained)), 0
 
 
 def measure_comm(args):
@@ -109,15 +145,16 @@ def measure_comm(args):
         for i, (g, w) in enumerate(zip(grads, weights)):
             kv.push(i, g, priority=-i)
             kv.pull(i, out=w, priority=-i)
-    return {"t_comm": timed(step, 2, max(3, args.steps // 3))}, kv.rank
+    seconds, window = timed(step, 2, max(3, args.steps // 3))
+    return dict(window, t_comm=seconds), kv.rank
 
 
 def measure_training(args):
     kv = mx.kv.create(args.kvstore)
     _, step = model_step(args, lambda net: mx.gluon.Trainer(
         net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9}, kvstore=kv))
-    seconds = timed(step, args.skip, args.steps)
-    result = {"seconds_per_step": seconds, "samples_per_sec": args.batch_size / seconds}
+    seconds, window = timed(step, args.skip, args.steps)
+    result = dict(window, seconds_per_step=seconds, samples_per_sec=args.batch_size / seconds)
     if isinstance(kv, odsgd.DistODSGD):
         result["overlap"] = kv.overlap.summary()
     return result, kv.rank

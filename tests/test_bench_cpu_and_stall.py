@@ -1,0 +1,90 @@
+"""The throughput benchmark's CPU meter and stall timeout, and the many-array models in every
+mode: real processes, real jobs."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from odsgd.bench.cpu_meter import JobCPUMeter, MARKER
+from odsgd.bench.jobs import JobFailed, run_job
+
+pytestmark = pytest.mark.timeout(300)
+
+BURN = """
+import time
+start = time.process_time()
+while time.process_time() - start < {seconds}:
+    pass
+print(time.process_time() - start, flush=True)
+"""
+
+
+def processes_with(token):
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open("/proc/%s/environ" % name, "rb") as f:
+                    if ("%s=%s" % (MARKER, token)).encode() in f.read().split(b"\0"):
+                        found.append(int(name))
+            except OSError:
+                pass
+    return found
+
+
+def test_cpu_meter_counts_a_childs_cpu_inside_a_window():
+    """Two processes burn CPU; the meter's total over their lifetime equals what they report
+    with their own process_time (all cores), within the sampling interval's error."""
+    meter = JobCPUMeter(interval=0.05)
+    env = dict(os.environ, **meter.environment)
+    with meter:
+        start = time.time()
+        children = [subprocess.Popen([sys.executable, "-c", BURN.format(seconds=0.8)], env=env,
+                                     stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        own = [float(c.communicate(timeout=60)[0]) for c in children]
+        end = time.time()
+    measured = meter.cpu_in(start, end)
+    assert set(measured) == {"launcher"}                  # no DMLC_ROLE in their environment
+    # Start-up (interpreter import) before the first sample is not counted; the burn is.
+    assert measured["launcher"] == pytest.approx(sum(own), abs=0.25)
+    # A window before anything ran holds nothing.
+    assert sum(meter.cpu_in(start - 10, start - 5).values()) == 0
+
+
+def test_a_job_that_stops_printing_ends_with_the_reason():
+    meter = JobCPUMeter()
+    tic = time.time()
+    with meter, pytest.raises(JobFailed) as failure:
+        run_job(["tests.jobs.silent_job"], workers=1, servers=1, timeout=600,
+                env=meter.environment, stall_timeout=8)
+    assert time.time() - tic < 8 + 40
+    assert "made no progress" in str(failure.value) and "silent job started" in str(failure.value)
+    assert processes_with(meter.token) == []               # the whole job is gone
+
+
+@pytest.mark.parametrize("model,extra", [
+    ("cifar_resnet20_v1", ["--image-size", "32"]),
+    ("dense", ["--dense-layers", "30", "--dense-width", "8"]),
+])
+def test_many_array_models_run_in_every_mode(tmp_path, model, extra):
+    out = tmp_path / "tp.json"
+    command = [sys.executable, "-m", "odsgd.bench", "throughput", "--model", model,
+               "--batch-size", "4", "--bandwidth-mbit", "0", "--steps", "3", "--skip", "2",
+               "--repeats", "1", "--warmup-steps", "1", "--overlap-interval", "2",
+               "--json", str(out), "--timeout", "150", "--stall-timeout", "60"] + extra
+    run = subprocess.run(command, capture_output=True, text=True, timeout=280)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    runs = json.loads(out.read_text())["runs"]
+    assert sorted(r["mode"] for r in runs) == ["dist_async", "dist_odsgd", "dist_sync"]
+    arrays = {"cifar_resnet20_v1": 65, "dense": 60}[model]
+    for r in runs:
+        assert r["parameter_arrays"] == arrays
+        # Every process's CPU in the timed window: workers and the server show up, and the
+        # job cannot use more cores than the machine has (10% for sampling error).
+        assert {"worker", "server"} <= set(r["cores_in_use_by_role"]), r
+        assert 0 < r["cores_in_use"] <= 1.1 * len(os.sched_getaffinity(0))
+        assert r["cpu_bound_samples_per_sec"] >= r["samples_per_sec"] * 0.95
+        assert r["bound_samples_per_sec"] == r["cpu_bound_samples_per_sec"]   # unshaped
