@@ -208,6 +208,10 @@ class DistODSGD(KVStoreBase):
         self._index[key] = index
         self.raw.pull(group.server_key, out=group.current)
         group.current.copyto(group.previous)
+        # Gluon's Trainer broadcasts in its first step, after backward: MXNet's engine does not
+        # order this pull before the gradient push that follows (other arrays), and a late
+        # pull would answer with W_1. One wait per key at init keeps W_0 exact.
+        group.previous.wait_to_read()
         self._groups[key] = group
         self._unregistered.append(group)
         return group

@@ -104,6 +104,16 @@ def run_gluon(args, kv):
                                {"learning_rate": args.lr, "momentum": args.momentum,
                                 "wd": args.wd}, kvstore=kv,
                                update_on_kvstore=bool(args.update_on_kvstore))
+    if not isinstance(kv, odsgd.DistODSGD) and not args.update_on_kvstore:
+        # The baseline's own race (MXNet 1.9): Trainer's first step broadcasts W_0 (init, then
+        # an async pull into the weights) and pushes gradients right after; the engine may send
+        # a gradient push before that pull, and with update_on_kvstore=False the server then
+        # answers the pull with the summed gradients, so one worker starts from them. Finishing
+        # the broadcast first makes dist_sync a fixed reference. (With update_on_kvstore=True
+        # a late pull returns W_1, which the step pulls anyway.)
+        trainer._init_kvstore()
+        trainer._init_params()
+        mx.nd.waitall()
     X, Y = batches(kv.rank, args.steps)
     history = []
     for step in range(args.steps):
