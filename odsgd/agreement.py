@@ -145,7 +145,8 @@ class WorkerAgreement(object):
         if groups:
             self._probe += 1
             self.raw._send_command_to_servers(OPTIMIZER_COMMAND,
-                                              servers.probe_command(self._probe))
+                                              servers.probe_command(self._probe,
+                                                                    [g.server_key for g in groups]))
         self._send[:] = 0
         self._send[rank] = mx.nd.array([1, kind, steps, value], dtype="float64")
         self.raw.push(CONTROL_KEY, self._send)

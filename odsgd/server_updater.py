@@ -19,8 +19,9 @@ Besides the parameters, `ServerOptimizer` knows two kinds of rounds that are not
 * rounds of a *control key* (registered by `control_key_command`): the server stores the sum of
   the workers' pushes as it is, which makes the key a small all-reduce (used by
   `DistODSGD.equal_steps` and the step check at exit);
-* *probe* rounds (announced by `probe_command`): the next completed round of every parameter
-  after the announcement is not applied. Workers push zeros in it to learn, without changing
+* *probe* rounds (announced by `probe_command`, naming the keys probed): the next completed
+  round of each of those keys after the announcement is not applied (a key created later, or
+  one not pushed for a while, keeps its next real round). Workers push zeros in it to learn, without changing
   the model, whether another worker is still pushing real steps (kvstore.py, `_control_round`).
 
 A command that fails on a server (e.g. a checkpoint file it cannot read) ends that server with
@@ -46,8 +47,8 @@ _CONTROL_KEYS = set()
 #: Server key -> [(optimizer index, offset, size)] of the parameters it carries.
 _GROUPS = {}
 #: Newest probe announced by a worker, and per parameter the probe whose round was skipped.
-_PROBE = 0
-_PROBED = {}
+_PROBING = {}   # server key: the newest probe round announced for it
+_PROBED = {}    # server key: the newest probe round taken out of its rounds
 #: Version of the server states file written by `save_states_command`.
 STATES_FORMAT = 1
 
@@ -120,6 +121,11 @@ class ServerOptimizer(Optimizer):
         """`apply` on the parameters among `index` (one key, or a list when MXNet's Updater
         aggregates), after control-key and probe rounds are taken out and fused keys are
         split into their parameters."""
+        # MXNet's server sums the last push into `grad` on its engine and frees that push's
+        # message when its handler returns, waiting only for `weight`. A round that does not
+        # read `grad` (a probe round) would leave the sum reading freed memory.
+        for merged in (grad if isinstance(grad, (list, tuple)) else [grad]):
+            merged.wait_to_read()
         if not isinstance(index, (list, tuple)):
             if not _round_handled(index, weight, grad):
                 if index in _GROUPS:
@@ -192,8 +198,8 @@ def _round_handled(key, weight, grad):
     if key in _CONTROL_KEYS:
         weight[:] = grad
         return True
-    if _PROBED.get(key, 0) < _PROBE:
-        _PROBED[key] = _PROBE
+    if _PROBED.get(key, 0) < _PROBING.get(key, 0):
+        _PROBED[key] = _PROBING[key]
         return True
     return False
 
@@ -329,16 +335,16 @@ def control_key_command(key):
     return _command(_register_control_key, int(key))
 
 
-def _start_probe(probe):
-    global _PROBE
-    _PROBE = max(_PROBE, probe)
+def _start_probe(probe, keys):
+    for key in keys:   # every worker announces the same round: taken once
+        _PROBING[key] = max(_PROBING.get(key, 0), probe)
     return _installed()
 
 
-def probe_command(probe):
-    """The body of the command that announces probe round number `probe` (1, 2, ...): the next
-    completed round of every parameter is not applied."""
-    return _command(_start_probe, int(probe))
+def probe_command(probe, keys):
+    """The body of the command that announces probe round number `probe` (1, 2, ...) of the
+    server keys `keys`: the next completed round of each of them is not applied."""
+    return _command(_start_probe, int(probe), [int(k) for k in keys])
 
 
 def server_states_path(pattern, rank):

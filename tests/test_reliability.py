@@ -188,7 +188,9 @@ def test_worker_exception_ends_the_job(live_jobs):
 def test_hung_worker_ends_at_job_timeout(live_jobs):
     """A worker that hangs (here: sleeps forever) holds the others in their next pull; the
     job ends at --job-timeout, with every process's last lines."""
-    job = live_jobs("fault_job.py", ["--hang-at", "3"], timeout=20)
+    # 30 s: the hang must come before the timeout even when MXNet starts slowly on a busy machine
+    job = live_jobs("fault_job.py", ["--hang-at", "3"], timeout=30)
+    job.wait_for(r"^\[worker 0\] hanging at step 3")
     code = job.finish(timeout=60)
     output = job.output
     assert code != 0
@@ -338,12 +340,13 @@ def test_eight_workers_two_servers_two_hundred_steps(tmp_path):
 # -- the servers' side, in this process -------------------------------------------------------
 def test_server_optimizer_control_probe_and_states(monkeypatch):
     """ServerOptimizer as a server runs it: a control key stores the sum it receives, a probe
-    round leaves the weights, states and update counts alone, and get_states/set_states
+    round leaves the weights, states and update counts of the keys it names alone (once, however
+    many workers announce it; other keys are updated), and get_states/set_states
     carry momentum and update counts over to a fresh server."""
     import mxnet as mx
     from odsgd import server_updater as servers
     monkeypatch.setattr(servers, "_CONTROL_KEYS", set())
-    monkeypatch.setattr(servers, "_PROBE", 0)
+    monkeypatch.setattr(servers, "_PROBING", {})
     monkeypatch.setattr(servers, "_PROBED", {})
     monkeypatch.setattr(servers, "_RUNNING", None)
 
@@ -363,7 +366,11 @@ def test_server_optimizer_control_probe_and_states(monkeypatch):
     updater(7, mx.nd.array([[1, 1, 5, 3], [1, 1, 5, 4]], dtype="float64"), table)
     np.testing.assert_array_equal(table.asnumpy(), [[1, 1, 5, 3], [1, 1, 5, 4]])
 
-    assert pickle_command(servers.probe_command(1)) is running
+    assert pickle_command(servers.probe_command(1, [0])) is running
+    assert pickle_command(servers.probe_command(1, [0])) is running   # the other worker's
+    other = mx.nd.ones((2, 3))
+    updater(5, grad, other)                        # a key the probe did not name: applied
+    np.testing.assert_allclose(other.asnumpy(), 0.9, rtol=1e-6)
     updater(0, mx.nd.zeros((2, 3)), weight)        # the probe round: nothing applied
     np.testing.assert_allclose(weight.asnumpy(), 0.9, rtol=1e-6)
     assert running.optimizer._index_update_count[0] == 1
