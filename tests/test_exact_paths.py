@@ -123,6 +123,17 @@ def test_late_parameter_keeps_the_global_step(tmp_path):
     assert_matches(results, history, W)
 
 
+def test_late_parameter_after_an_epoch_check(tmp_path):
+    """As above, with the epoch's step check (equal_steps, whose probe rounds the servers do
+    not apply) every 2 steps while the bias is still frozen: the bias's key, new at step 5,
+    keeps its first real round."""
+    options = dict(steps=8, lr=0.08, momentum=0.5, warmup_steps=3, freeze_bias_steps=5,
+                   epoch_every=2)
+    results = run(tmp_path, **options)
+    history, W = simulate(2, 8, 0.08, momentum=0.5, warmup_steps=3, trained_from=(0, 5))
+    assert_matches(results, history, W)
+
+
 def test_float16_weights_with_multi_precision(tmp_path):
     """float16 weights, multi_precision SGD (the servers keep float32 copies): the fused
     operators take float32 only, so the local step runs as NDArray operations in float16 (the

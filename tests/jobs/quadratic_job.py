@@ -35,6 +35,9 @@ def parse_args(argv=None):
     p.add_argument("--lr-mult-change-step", type=int, default=-1,
                    help="gluon: set the weight's lr_mult to --lr-mult-change-to at this step")
     p.add_argument("--lr-mult-change-to", type=float, default=0.0)
+    p.add_argument("--epoch-every", type=int, default=0,
+                   help="gluon: odsgd.equal_steps every N steps, as at each epoch's start "
+                   "(its step check pushes probe rounds)")
     p.add_argument("--freeze-bias-steps", type=int, default=0,
                    help="gluon: the bias has grad_req 'null' for this many steps, then trains")
     p.add_argument("--dtype", choices=["float32", "float16"], default="float32",
@@ -106,6 +109,8 @@ def run_gluon(args, kv):
             net.weight.lr_mult = args.lr_mult_change_to
         if args.freeze_bias_steps and step == args.freeze_bias_steps:
             net.bias.grad_req = "write"
+        if args.epoch_every and step and step % args.epoch_every == 0:
+            assert odsgd.equal_steps(trainer, args.steps) == args.steps
         X, Y = problem.batch(kv.rank, step)
         xs = np.array_split(X, len(contexts))
         ys = np.array_split(Y, len(contexts))
