@@ -404,6 +404,17 @@ def parse_own_options(argv):
     return own, own.launcher, rest
 
 
+def _keep_ctrl_c(install):
+    """signal.signal as launch.py sees it: its own SIGINT handler (sys.exit(0), so a job
+    stopped with Ctrl-C would exit 0 and `odsgd.launch ... && next` would go on) is not
+    installed; Python's KeyboardInterrupt stays, and the job ends with exit code 130."""
+    def signal_for_launch_py(signum, handler):
+        if signum == signal.SIGINT:
+            return install(signum, signal.default_int_handler)
+        return install(signum, handler)
+    return signal_for_launch_py
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -423,7 +434,9 @@ def main(argv=None):
     sys.argv = [script] + rest
     code = 0
     reason = None
+    install_signal_handler = signal.signal
     try:
+        signal.signal = _keep_ctrl_c(install_signal_handler)
         runpy.run_path(script, run_name="__main__")
         # The scheduler is done; the others finish exiting by themselves (their exit codes
         # still count) before anything left is ended.
@@ -440,6 +453,7 @@ def main(argv=None):
     except SystemExit as stop:  # launch.py's own Ctrl-C handler exits 0: still end the job
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
     finally:
+        signal.signal = install_signal_handler
         ended = JOB.end_all()
     if code == 0 and JOB.failure is not None:
         reason = JOB.failure

@@ -211,6 +211,17 @@ def test_killed_launcher_takes_its_job_along(live_jobs):
     assert_no_leftovers(job)
 
 
+def test_ctrl_c_ends_the_job_with_a_non_zero_code(live_jobs):
+    """SIGINT to the launcher (Ctrl-C): every process is ended, exit code 130 and the reason,
+    so that `odsgd.launch ... && next` stops (launch.py's own handler would exit 0)."""
+    job = live_jobs("fault_job.py", [])
+    job.wait_for(r"^\[worker 1\] step 3 ")
+    os.kill(job.process.pid, signal.SIGINT)
+    assert job.finish(timeout=30) == 130
+    assert "odsgd.launch: interrupted; ended the job" in job.output, job.output[-2000:]
+    assert_no_leftovers(job)
+
+
 # -- unequal data per worker ------------------------------------------------------------------
 def test_unequal_shards_with_equal_steps_finish_and_match(tmp_path):
     """Shards of 3 and 5 batches, two epochs: odsgd.equal_steps makes every worker run 3 steps
