@@ -58,9 +58,10 @@ def test_a_job_that_stops_printing_ends_with_the_reason():
     meter = JobCPUMeter()
     tic = time.time()
     with meter, pytest.raises(JobFailed) as failure:
+        # 20 s: the launcher and MXNet's import take several seconds on a busy machine
         run_job(["tests.jobs.silent_job"], workers=1, servers=1, timeout=600,
-                env=meter.environment, stall_timeout=8)
-    assert time.time() - tic < 8 + 40
+                env=meter.environment, stall_timeout=20)
+    assert time.time() - tic < 20 + 40
     assert "made no progress" in str(failure.value) and "silent job started" in str(failure.value)
     assert processes_with(meter.token) == []               # the whole job is gone
 
