@@ -100,3 +100,92 @@ def test_shards_by_rank_cover_the_set_without_overlap(total, workers, batch):
     bounds = [training_data.shard_bounds(total, workers, r) for r in range(workers)]
     assert sum(b - a for a, b in bounds) == total and bounds[0][0] == 0
     assert all(bounds[r][1] == bounds[r + 1][0] for r in range(workers - 1))
+
+
+# -- jobs on small slices of the real data --------------------------------------------------
+def _data_set():
+    return "fashion-mnist" if image_datasets.fashion_mnist_available() else "mnist-5k"
+
+
+@pytest.mark.timeout(240)
+def test_image_job_reports_the_accuracy_of_the_weights_it_saves(tmp_path):
+    from odsgd.bench import time_to_accuracy
+    params = tmp_path / "global.params"
+    result = time_to_accuracy.run_image_job(
+        ["odsgd.bench.image_job", "--kvstore", "dist_odsgd", "--dataset", _data_set(),
+         "--train-subset", "1024", "--test-subset", "600", "--num-epochs", "2",
+         "--batch-size", "32", "--eval-interval", "8", "--save-params", str(params)],
+        workers=2, servers=1, timeout=180)
+    assert [h["step"] for h in result["history"]] == [8, 16, 24, 32]
+    times = [h["train_seconds"] for h in result["history"]]
+    assert times == sorted(times) and times[-1] == pytest.approx(result["train_seconds"])
+    assert result["samples_per_sec"] == pytest.approx(
+        32 * 2 * 2 * 16 / result["train_seconds"])
+    # independent evaluation: the saved weights in a fresh network, scored with NumPy
+    import mxnet as mx
+    from odsgd.bench import image_job
+    net = image_job.make_net()
+    net.load_parameters(str(params))
+    (_, _), (X_test, y_test) = image_datasets.load(_data_set())
+    scores = net(mx.nd.array(X_test[:600].astype(np.float32) / 255)).asnumpy()
+    expected = float(np.mean(np.argmax(scores, axis=1) == y_test[:600]))
+    assert result["final_test_accuracy"] == pytest.approx(expected, abs=1e-9)
+    assert expected > 0.3          # 32 steps of real training: well above chance (0.1)
+
+
+def _first_at_or_above(curve, target):
+    hits = [seconds for seconds, accuracy in curve if accuracy >= target]
+    return hits[0] if hits else None
+
+
+@pytest.mark.timeout(360)
+def test_demo_writes_its_json_schema(tmp_path):
+    out = tmp_path / "demo.json"
+    completed = subprocess.run(
+        [sys.executable, os.path.join(REPO, "scripts", "demo.py"), "--epochs", "1",
+         "--train-subset", "1024", "--test-subset", "500", "--batch-size", "32",
+         "--eval-interval", "4", "--target-accuracy", "0.4", "--json", str(out)],
+        capture_output=True, text=True, timeout=330, cwd=REPO)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    with open(out) as f:
+        demo = json.load(f)
+    assert demo["target_accuracy"] == 0.4
+    assert demo["bandwidth_mbit"] == (250 if os.geteuid() == 0 else 0)
+    assert [m["mode"] for m in demo["modes"]] == ["dist_sync", "dist_async", "dist_odsgd"]
+    for m in demo["modes"]:
+        assert {"mode", "final_test_accuracy", "samples_per_sec", "seconds_to_target"} <= set(m)
+        curve = [(p["train_seconds"], p["test_accuracy"]) for p in m["history"]]
+        assert len(curve) == 4 and m["final_test_accuracy"] == curve[-1][1]
+        assert m["seconds_to_target"] == _first_at_or_above(curve, 0.4)
+        assert "%.2f%%" % (100 * m["final_test_accuracy"]) in completed.stdout
+    assert os.path.exists(tmp_path / "demo.png")
+    if os.geteuid() != 0:
+        assert "unshaped" in completed.stdout
+
+
+@pytest.mark.timeout(300)
+def test_time_to_accuracy_on_tiny_data(tmp_path, capsys):
+    from odsgd.bench import time_to_accuracy
+    code = time_to_accuracy.main(
+        ["--dataset", _data_set(), "--modes", "dist_sync,dist_odsgd", "--seeds", "0",
+         "--bandwidth-mbit", "0", "--epochs", "1", "--train-subset", "1024",
+         "--test-subset", "500", "--batch-size", "32", "--eval-interval", "4",
+         "--timeout", "150", "--out", str(tmp_path)])
+    assert code == 0
+    with open(tmp_path / "time_to_accuracy.json") as f:
+        report = json.load(f)
+    runs = {r["mode"]: r for r in report["runs"]}
+    target = runs["dist_sync"]["final_test_accuracy"]          # one seed: the mean is itself
+    block = report["summary"]["0"]
+    assert block["target"] == pytest.approx(target)
+    for mode, run in runs.items():
+        curve = [(p["train_seconds"], p["test_accuracy"]) for p in run["history"]]
+        assert len(curve) == 4
+        expected = _first_at_or_above(curve, target)
+        assert block["modes"][mode]["seconds_to_target_per_seed"] == [expected]
+        assert block["modes"][mode]["seconds_to_target_of_mean_curve"] == expected
+    # dist_sync reaches its own final accuracy at the latest at its last evaluation
+    assert block["modes"]["dist_sync"]["seconds_to_target_of_mean_curve"] <= \
+        runs["dist_sync"]["train_seconds"] + 1e-9
+    assert os.path.exists(tmp_path / "time_to_accuracy.png")
+    assert "dist_odsgd" in capsys.readouterr().out

@@ -50,7 +50,7 @@ def parse_args(argv=None):
     p.add_argument("--train-subset", type=int, default=0, help="first N training images")
     p.add_argument("--test-subset", type=int, default=0, help="first N test images")
     p.add_argument("--batch-size", type=int, default=128, help="per worker")
-    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--eval-interval", type=int, default=0,
                    help="global steps between evaluations (0: every epoch)")
