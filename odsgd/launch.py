@@ -98,12 +98,12 @@ class ProcessRecord(object):
     def describe_exit(self, returncode):
         if returncode < 0:
             how = "was killed by signal %d (%s)" % (-returncode, _signal_name(-returncode))
-        elif returncode > 128:
-            how = ("exited with code %d (a shell's code for signal %d, %s)"
-                   % (returncode, returncode - 128, _signal_name(returncode - 128)))
         elif returncode == 255 and self.host is not None:
             how = ("exited with code 255 (ssh: the connection to %s was lost or refused, or "
                    "the remote process was killed)" % self.host)
+        elif returncode > 128:
+            how = ("exited with code %d (a shell's code for signal %d, %s)"
+                   % (returncode, returncode - 128, _signal_name(returncode - 128)))
         else:
             how = "exited with code %d" % returncode
         return "%s (pid %d) %s" % (self.label, self.process.pid, how)

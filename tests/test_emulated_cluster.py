@@ -103,14 +103,12 @@ class Launched(object):
         """Waits until a line matches `pattern`; fails with the output otherwise."""
         deadline = time.time() + timeout
         while time.time() < deadline:
-            try:
-                line = self.queue.get(timeout=max(0.0, deadline - time.time()))
-            except queue.Empty:
+            for line in list(self.lines):
+                if re.search(pattern, line):
+                    return line
+            if self.process.poll() is not None and not self.reader.is_alive():
                 break
-            if line is None:
-                break
-            if re.search(pattern, line):
-                return line
+            time.sleep(0.1)
         self.end()
         raise AssertionError("no line matching %r within %d s:\n%s"
                              % (pattern, timeout, self.output()[-6000:]))
@@ -244,3 +242,41 @@ def test_quadratic_job_on_three_hosts_matches_numpy(tmp_path):
     results = [dict(np.load(tmp_path / ("rank%d.npz" % r))) for r in range(2)]
     history, W = simulate(2, **{k: v for k, v in options.items() if k != "steps"}, steps=6)
     assert_matches(results, history, W)
+
+
+# -- faults ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fault,host", [("link down", 1), ("kill", 1), ("link down", 0),
+                                        ("kill", 0)])
+def test_fault_ends_job_naming_host_and_role(fault, host):
+    """A worker's host (1) or the server's host (0) loses its link or its job process is
+    killed mid-run: the launcher exits non-zero within 30 s naming the host and role, and
+    nothing is left running on any host."""
+    role = "worker" if host == 1 else "server"
+    with emulate.EmulatedCluster(hosts=3) as cluster:
+        job = Launched(cluster, "fault_job.py", ["--steps", "100000", "--sleep", "0.05"],
+                       workers=2, servers=1, timeout=150)
+        job.wait_for(r"\[worker \d on 198\.18\.0\.2\] step 3 ", 120)
+        job.wait_for(r"\[worker \d on 198\.18\.0\.3\] step 3 ", 30)
+        # while the job runs, every port on every host is bound to that host's address only
+        for h in cluster.hosts:
+            assert all(a.startswith(h.address + ":") for a in _listening(cluster, h.index))
+        start = time.time()
+        if fault == "kill":
+            pids = _role_pids(cluster, host, role)
+            assert pids
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+        else:
+            cluster.link_down(host)
+        code = job.wait()
+        took = time.time() - start
+        output = job.output()
+        assert code != 0, output[-4000:]
+        assert took <= 30, (took, output[-4000:])
+        address = cluster.hosts[host].address
+        named = [line for line in output.splitlines() if "ERROR odsgd.launch" in line
+                 and address in line and role in line]
+        assert named, output[-4000:]
+        print("%s on host %d: exit %d after %.1f s: %s" % (fault, host, code, took, named[0]))
+        assert _wait_until_no_job_processes(cluster) == {}
