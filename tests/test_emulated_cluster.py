@@ -235,9 +235,10 @@ def test_quadratic_job_on_three_hosts_matches_numpy(tmp_path):
         code = job.wait()
         output = job.output()
         assert code == 0, output[-6000:]
-        for label in ("started server 0 on 198.18.0.1", "started worker 0 on 198.18.0.2",
-                      "started worker 1 on 198.18.0.3", "the scheduler binds 198.18.0.1"):
-            assert label in output, output[-6000:]
+        # dmlc_tracker starts the ssh clients from threads: worker numbers follow their order
+        for label in (r"started server 0 on 198\.18\.0\.1", r"started worker \d on 198\.18\.0\.2",
+                      r"started worker \d on 198\.18\.0\.3", r"the scheduler binds 198\.18\.0\.1"):
+            assert re.search(label, output), output[-6000:]
         assert _wait_until_no_job_processes(cluster) == {}
     results = [dict(np.load(tmp_path / ("rank%d.npz" % r))) for r in range(2)]
     history, W = simulate(2, **{k: v for k, v in options.items() if k != "steps"}, steps=6)
