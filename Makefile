@@ -22,6 +22,9 @@ CUDA_CHECK_ARCH ?= 75;90
 install: $(STAMP)
 
 $(STAMP): setup.py constraints.txt
+	@# the emulated cluster's tests (tests/test_emulated_cluster.py) need sshd; root only
+	if [ "$$(id -u)" = 0 ] && [ ! -x /usr/sbin/sshd ] && command -v apt-get >/dev/null; then \
+		apt-get install -y -q openssh-server; fi
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt "$(MXNET)" numpy==1.23.5 gluoncv scikit-learn matplotlib pytest pytest-timeout

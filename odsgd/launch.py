@@ -21,6 +21,23 @@ module changes, in this process only:
   non-zero, naming the process that failed and printing its last lines.
 * On Linux each child also gets SIGKILL when the launcher itself dies (even by SIGKILL), so a
   killed launcher leaves no job behind on this machine.
+
+With `--launcher ssh` (`-H` defaults to $ODSGD_HOSTFILE, see odsgd.emulate):
+
+* The scheduler runs here and binds the job's address: the address of DMLC_INTERFACE when it
+  is set, else the one this machine reaches the hostfile's first host from; servers and
+  workers bind the address of their host in the hostfile (DMLC_NODE_HOST). No job port is
+  opened on loopback or on any other address.
+* Every remote process gets the variables dmlc_tracker passes and this machine's DMLC_*,
+  PS_*, MXNET_*, ODSGD_*, OMP_*, KMP_*, PYTHONPATH, PYTHONUNBUFFERED and LD_LIBRARY_PATH, each
+  quoted (dmlc_tracker passes a handful, unquoted); the command is quoted for the remote shell.
+* ssh runs with a pty (`-tt`), no stdin, BatchMode and keep-alive probes every
+  SSH_ALIVE_SECONDS (ODSGD_SSH_ALIVE_SECONDS; 0 turns them off): a host that drops off the
+  network ends its ssh client after 3 unanswered probes, which fails the job; ending an ssh
+  client closes its pty, whose SIGHUP ends the remote process.
+* The launcher watches its own host's link: when the interface of the job's address goes
+  down, the job fails naming this host and the roles on it.
+* Each process is named with its host, e.g. `[worker 1 on 198.18.0.3]`.
 """
 import argparse
 import collections
@@ -40,6 +57,11 @@ import warnings
 
 LOG = logging.getLogger("odsgd.launch")
 
+#: seconds between ssh keep-alive probes (3 unanswered ones end the ssh client)
+SSH_ALIVE_SECONDS = 2
+#: variables of this machine passed to every ssh-launched process
+SSH_ENV_PREFIXES = ("DMLC_", "PS_", "MXNET_", "ODSGD_", "OMP_", "KMP_")
+SSH_ENV_NAMES = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONHASHSEED", "LD_LIBRARY_PATH")
 #: lines of each process's output kept for the failure report
 TAIL_LINES = 20
 #: seconds between SIGTERM and SIGKILL when the job is ended
@@ -65,9 +87,10 @@ HINTS = (
 class ProcessRecord(object):
     """One process of the job: its Popen, a label such as 'worker 1', its last output lines."""
 
-    def __init__(self, process, label):
+    def __init__(self, process, label, host=None):
         self.process = process
         self.label = label
+        self.host = host                       # the remote host of an ssh client
         self.tail = collections.deque(maxlen=TAIL_LINES)
         self.output_done = threading.Event()   # set when its output reached end of file
         self.output_done.set()                 # until a reader is attached
@@ -75,6 +98,9 @@ class ProcessRecord(object):
     def describe_exit(self, returncode):
         if returncode < 0:
             how = "was killed by signal %d (%s)" % (-returncode, _signal_name(-returncode))
+        elif returncode == 255 and self.host is not None:
+            how = ("exited with code 255 (ssh: the connection to %s was lost or refused, or "
+                   "the remote process was killed)" % self.host)
         elif returncode > 128:
             how = ("exited with code %d (a shell's code for signal %d, %s)"
                    % (returncode, returncode - 128, _signal_name(returncode - 128)))
@@ -111,7 +137,10 @@ class Job(object):
     # -- bookkeeping -----------------------------------------------------------------------
     def started(self, process, env=None, command=None):
         with self.lock:
-            record = ProcessRecord(process, self._label(env, command))
+            host = _remote_host(command)
+            label = self._label(env, command)
+            record = ProcessRecord(process, label if host is None else
+                                   "%s on %s" % (label, host), host)
             self.records.append(record)
         return record
 
@@ -270,12 +299,36 @@ def _parent_death_signal():
     return preexec
 
 
+def _remote_host(command):
+    """The host an ssh client of dmlc_tracker runs its process on, or None."""
+    if isinstance(command, str) and command.startswith("ssh "):
+        match = re.search(r"DMLC_NODE_HOST=([^; ]+);", command)
+        return match.group(1) if match else None
+    return None
+
+
+#: options for dmlc_tracker's ssh clients (set for --launcher ssh)
+_SSH_OPTIONS = None
+
+
+def ssh_options(alive_seconds):
+    """ssh's options for a job's processes: a pty, so that a closed connection hangs the
+    remote process up; no stdin and no prompts; keep-alive probes that notice a lost host."""
+    options = ["-n", "-tt", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
+    if alive_seconds > 0:
+        options += ["-o", "ServerAliveInterval=%g" % alive_seconds,
+                    "-o", "ServerAliveCountMax=3"]
+    return " ".join(options)
+
+
 class _TrackedPopen(subprocess.Popen):
     """Popen that puts each child in its own session, forwards its output through JOB with a
     prefix (unless the caller captures it) and reports its exit to JOB."""
 
     def __init__(self, args, *rest, **kwargs):
         kwargs["start_new_session"] = True
+        if _SSH_OPTIONS and isinstance(args, str) and args.startswith("ssh "):
+            args = "ssh " + _SSH_OPTIONS + " " + args[len("ssh "):]
         if kwargs.get("preexec_fn") is None:
             kwargs["preexec_fn"] = _parent_death_signal()
         env = kwargs.get("env")
@@ -313,14 +366,18 @@ class JobFailed(RuntimeError):
     pass
 
 
-def _wait_for_scheduler(deadline):
-    """Replaces PSTracker.join: waits for the scheduler thread, watching for failures."""
+def _wait_for_scheduler(deadline, link_watch=None):
+    """Replaces PSTracker.join: waits for the scheduler thread, watching for failures (and,
+    for ssh jobs, this host's link)."""
     def join(tracker):
         if tracker.cmd is None:
             return
         while tracker.thread.is_alive():
             if JOB.failure is not None:
                 raise JobFailed(JOB.failure)
+            lost = link_watch.lost() if link_watch is not None else None
+            if lost is not None:
+                raise JobFailed(lost)
             if deadline is not None and time.time() > deadline:
                 raise JobFailed("the job ran past --job-timeout")
             tracker.thread.join(0.2)
@@ -354,7 +411,112 @@ def mxnet_launch_script():
     return path
 
 
-def _mend_dmlc_tracker(launcher, deadline):
+class LinkWatch(object):
+    """Watches the interface that holds this host's job address (Linux sysfs)."""
+
+    def __init__(self, address):
+        self.address = address
+        self.interface = _interface_of(address)
+
+    def lost(self):
+        """A message naming this host and its roles when its link is down, else None."""
+        if self.interface is None:
+            return None
+        try:
+            with open("/sys/class/net/%s/operstate" % self.interface) as f:
+                state = f.read().strip()
+        except OSError:
+            state = "gone"
+        if state not in ("down", "lowerlayerdown", "notpresent", "gone"):
+            return None
+        roles = ["scheduler"] + [r.label.split(" on ")[0] for r in JOB.records
+                                 if r.host == self.address]
+        return ("host %s (%s, where this launcher runs) lost its link: %s is %s"
+                % (self.address, ", ".join(roles), self.interface, state))
+
+
+def _interface_of(address):
+    """Name of the local interface that holds `address` (None for loopback or not found)."""
+    try:
+        listing = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True,
+                                 text=True).stdout
+    except OSError:
+        return None
+    for line in listing.splitlines():
+        fields = line.split()
+        if len(fields) > 3 and fields[3].split("/")[0] == address and fields[1] != "lo":
+            return fields[1]
+    return None
+
+
+def read_hostfile(path):
+    """The host addresses of a dmlc hostfile (`host`, `host:port` or `host slots=n` lines)."""
+    try:
+        with open(path) as f:
+            lines = [line.split("slots=")[0].strip() for line in f]
+    except OSError as error:
+        raise SystemExit("odsgd.launch: cannot read the hostfile %s (%s); give -H HOSTFILE, "
+                         "one host a line" % (path, error.strerror))
+    hosts = [line.split(":")[0] for line in lines if line]
+    if not hosts:
+        raise SystemExit("odsgd.launch: the hostfile %s names no host" % path)
+    return hosts
+
+
+def job_address(first_host):
+    """The address the scheduler binds for an ssh job: DMLC_INTERFACE's address when set,
+    else this machine's source address towards the first host of the hostfile."""
+    import socket
+    interface = os.environ.get("DMLC_INTERFACE")
+    if interface:
+        listing = subprocess.run(["ip", "-o", "-4", "addr", "show", "dev", interface],
+                                 capture_output=True, text=True).stdout.split()
+        if len(listing) < 4:
+            raise SystemExit("odsgd.launch: DMLC_INTERFACE=%s has no IPv4 address here"
+                             % interface)
+        return listing[3].split("/")[0]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((socket.gethostbyname(first_host), 9))   # sends nothing
+        except OSError as error:
+            raise SystemExit("odsgd.launch: no route from here to the hostfile's first host "
+                             "%s (%s)" % (first_host, error.strerror))
+        return probe.getsockname()[0]
+
+
+def _remote_env(pass_envs):
+    """dmlc_tracker.ssh.get_env, mended: this machine's job variables too, each quoted for
+    the remote shell (the whole remote command is inside single quotes)."""
+    names = [k for k in sorted(os.environ)
+             if (k.startswith(SSH_ENV_PREFIXES) or k in SSH_ENV_NAMES) and k not in pass_envs]
+    exports = ["export %s=%s;" % (k, remote_quote(os.environ[k])) for k in names]
+    exports += ["export %s=%s;" % (k, remote_quote(str(v))) for k, v in pass_envs.items()]
+    return " ".join(exports)
+
+
+def remote_quote(word):
+    """`word` for a shell that dmlc_tracker's ssh launcher reaches inside single quotes:
+    double quotes (single quotes would end its own)."""
+    if re.fullmatch(r"[\w@%+=:,./-]+", word):
+        return word
+    if "'" in word:
+        raise SystemExit("odsgd.launch: %r holds a single quote, which dmlc_tracker's ssh "
+                         "launcher cannot pass to the remote shell; leave it out" % word)
+    return '"' + re.sub(r'([\\"$`])', r"\\\1", word) + '"'
+
+
+def _mend_dmlc_tracker(launcher, deadline, hostfile=None):
+    link_watch = None
+    if launcher == "ssh" and hostfile:
+        # before Popen is replaced: the `ip` these run is no process of the job
+        global _SSH_OPTIONS
+        from dmlc_tracker import ssh
+        address = job_address(read_hostfile(hostfile)[0])
+        link_watch = LinkWatch(address)
+        ssh.get_env = _remote_env
+        alive = float(os.environ.get("ODSGD_SSH_ALIVE_SECONDS", SSH_ALIVE_SECONDS))
+        _SSH_OPTIONS = ssh_options(alive)
+        LOG.info("odsgd.launch: ssh job; the scheduler binds %s", address)
     if not hasattr(threading.Thread, "isAlive"):
         threading.Thread.isAlive = threading.Thread.is_alive
     # dmlc_tracker calls setDaemon, deprecated since 3.10: keep the job's log readable.
@@ -364,7 +526,9 @@ def _mend_dmlc_tracker(launcher, deadline):
     # message; JOB reports the failure instead, in one line.
     threading.excepthook = lambda hook_args: LOG.debug("tracker thread: %s", hook_args.exc_value)
     from dmlc_tracker import tracker
-    tracker.PSTracker.join = _wait_for_scheduler(deadline)
+    if link_watch is not None:
+        tracker.get_host_ip = lambda host_ip=None: link_watch.address
+    tracker.PSTracker.join = _wait_for_scheduler(deadline, link_watch)
     tracker.PSTracker.__init__ = _on_free_port(tracker.PSTracker.__init__)
     if launcher == "local":
         os.environ.setdefault("DMLC_NODE_HOST", "127.0.0.1")
@@ -397,10 +561,16 @@ def parse_own_options(argv):
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--job-timeout", type=float, default=None)
     parser.add_argument("--launcher", default="ssh")
+    parser.add_argument("-H", "--hostfile", default=None)
     own, rest = parser.parse_known_args(options)
     rest += ["--launcher", own.launcher]
+    if own.launcher in ("ssh", "mpi") and own.hostfile is None:
+        own.hostfile = os.environ.get("ODSGD_HOSTFILE")
+    if own.hostfile is not None:
+        rest += ["-H", own.hostfile]
     if command:
-        rest.append(" ".join(shlex.quote(part) for part in command))
+        quote = remote_quote if own.launcher == "ssh" else shlex.quote
+        rest.append(" ".join(quote(part) for part in command))
     return own, own.launcher, rest
 
 
@@ -424,7 +594,9 @@ def main(argv=None):
     own, launcher, rest = parse_own_options(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", level=logging.INFO)
     deadline = time.time() + own.job_timeout if own.job_timeout else None
-    _mend_dmlc_tracker(launcher, deadline)
+    if launcher == "ssh" and not own.hostfile:
+        raise SystemExit("odsgd.launch: --launcher ssh needs -H HOSTFILE (or ODSGD_HOSTFILE)")
+    _mend_dmlc_tracker(launcher, deadline, own.hostfile)
 
     def on_signal(signum, _frame):
         raise JobFailed("the launcher received signal %d" % signum)

@@ -1,0 +1,516 @@
+"""`python -m odsgd.emulate`: an emulated cluster of N hosts on this machine, to run ssh jobs.
+
+    python -m odsgd.emulate --hosts 3 --mbit 100 -- \\
+        python -m odsgd.launch --launcher ssh -H '$ODSGD_HOSTFILE' -n 2 -s 1 python train.py
+
+Each host is a network namespace with one NIC (`eth0`, a veth pair) plugged into a bridge
+that lives in a namespace of its own (the "switch"), so nothing is added to this machine's
+own namespace. Host i has the address 198.18.0.(i+1)/24: 198.18.0.0/15 is reserved for
+benchmarking network devices (RFC 2544), and no host has a route beyond its /24, so nothing is
+routed out. Each NIC is shaped in both directions with `tc tbf` (egress on the host's side of
+the veth: what the host sends; egress on the switch's side: what it receives). A delay needs
+netem, which not every kernel has; --delay-ms is refused with a clear error where it is
+missing.
+
+Every host runs an sshd that listens on its own address only and accepts only a key generated
+for this cluster (no passwords, no keyboard-interactive, root only by key). The keys, the
+sshd configurations, the ssh client configuration and the hostfile lie in a temporary folder
+under /run (root-only, in memory). COMMAND runs on the first host with ODSGD_HOSTFILE set to
+the hostfile and an `ssh` on PATH that uses the generated key and known host keys, so `ssh
+<address> ...` (and dmlc_tracker's ssh launcher) works without prompts and without touching
+~/.ssh.
+
+Everything is torn down at the end, also on errors, Ctrl-C and SIGTERM: COMMAND's process
+group, every process left in a host's namespace (sshd included), the namespaces (with them the
+veths and the bridge) and the temporary folder. The exit code is COMMAND's.
+
+Also usable from Python:
+
+    with EmulatedCluster(hosts=3, mbit=100) as cluster:
+        subprocess.run(cluster.on_host(0, argv), env=cluster.environment())
+"""
+import argparse
+import contextlib
+import getpass
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+#: name prefix of every namespace and temporary folder this module creates
+PREFIX = "odsgd-emu"
+#: the emulated hosts' network (RFC 2544 benchmarking range), one /24 of it
+NETWORK = "198.18.0"
+PREFIX_LENGTH = 24
+SSHD = "/usr/sbin/sshd"
+#: seconds an sshd waits for an answer from a silent client before it ends the session (3
+#: probes, one a second): a host cut off from the job's launcher ends its processes.
+CLIENT_ALIVE_INTERVAL = 1
+CLIENT_ALIVE_COUNT = 3
+
+
+class EmulationError(RuntimeError):
+    pass
+
+
+def _run(argv, check=True):
+    result = subprocess.run(argv, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise EmulationError("%s failed (exit %d): %s"
+                             % (" ".join(argv), result.returncode, result.stderr.strip()))
+    return result
+
+
+def _in(netns, *argv):
+    return ["ip", "netns", "exec", netns] + list(argv)
+
+
+def require_root_and_sshd():
+    """Raises EmulationError naming the fix when the emulation cannot run here."""
+    if os.geteuid() != 0:
+        raise EmulationError("odsgd.emulate needs root (network namespaces, tc, sshd); run it "
+                             "as root")
+    for tool in ("ip", "tc", "ssh", "ssh-keygen"):
+        if shutil.which(tool) is None:
+            raise EmulationError("odsgd.emulate needs `%s`; install iproute2 and "
+                                 "openssh-client" % tool)
+    if not os.access(SSHD, os.X_OK):
+        raise EmulationError("odsgd.emulate needs %s; install openssh-server (`make install` "
+                             "does so when run as root)" % SSHD)
+
+
+def netem_available():
+    """Whether this kernel has the netem qdisc (tried on a throwaway namespace's loopback)."""
+    name = "%s-probe-%d" % (PREFIX, os.getpid())
+    _run(["ip", "netns", "add", name])
+    try:
+        return _run(_in(name, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay",
+                        "1ms"), check=False).returncode == 0
+    finally:
+        _run(["ip", "netns", "delete", name], check=False)
+
+
+class Host(object):
+    def __init__(self, index, netns, address):
+        self.index = index
+        self.netns = netns
+        self.address = address
+        self.interface = "eth0"       # its NIC, inside its namespace
+        self.switch_port = "p%d" % index   # the other end, inside the switch namespace
+        self.sshd = None              # Popen
+
+    def __repr__(self):
+        return "Host(%d, %s, %s)" % (self.index, self.netns, self.address)
+
+
+class EmulatedCluster(object):
+    """N emulated hosts (see the module's docstring); a context manager that tears everything
+    down on exit."""
+
+    def __init__(self, hosts, mbit=0, delay_ms=0, user=None):
+        if not 1 <= hosts <= 250:
+            raise EmulationError("--hosts must be between 1 and 250, not %d" % hosts)
+        if mbit < 0 or delay_ms < 0:
+            raise EmulationError("--mbit and --delay-ms must not be negative")
+        self.mbit = mbit
+        self.delay_ms = delay_ms
+        self.user = user or getpass.getuser()
+        tag = "%s-%d-%d" % (PREFIX, os.getpid(), int(time.time() * 1000) % 100000)
+        self.tag = tag
+        self.switch = tag + "-sw"
+        self.hosts = [Host(i, "%s-h%d" % (tag, i), "%s.%d" % (NETWORK, i + 1))
+                      for i in range(hosts)]
+        self.folder = None
+        self.namespaces = []          # created, in order
+        self.hostfile = None
+        self.ssh_config = None
+        self.bin = None               # folder with the `ssh` wrapper
+
+    # -- set up ----------------------------------------------------------------------------
+    def __enter__(self):
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+    def start(self):
+        require_root_and_sshd()
+        if self.delay_ms and not netem_available():
+            raise EmulationError("--delay-ms needs the netem qdisc, which this kernel lacks; "
+                                 "leave --delay-ms out (tbf/htb shape the rate only)")
+        self._make_folder()
+        self._add_namespace(self.switch)
+        _run(_in(self.switch, "ip", "link", "add", "br0", "type", "bridge"))
+        _run(_in(self.switch, "ip", "link", "set", "br0", "up"))
+        for host in self.hosts:
+            self._add_host(host)
+        self._write_keys_and_configs()
+        for host in self.hosts:
+            self._start_sshd(host)
+        for host in self.hosts:
+            self._wait_for_sshd(host)
+
+    def _make_folder(self):
+        # sshd's StrictModes wants every folder above the authorized keys owned by root and
+        # not writable by others: /tmp is world-writable, /run is not (and is in memory).
+        base = "/run" if _strict_modes_ok("/run") else None
+        self.folder = tempfile.mkdtemp(prefix=self.tag + "-", dir=base)
+        os.chmod(self.folder, 0o700)
+        self.strict_modes = base is not None
+
+    def _add_namespace(self, name):
+        _run(["ip", "netns", "add", name])
+        self.namespaces.append(name)
+        _run(_in(name, "ip", "link", "set", "lo", "up"))
+        # IPv4 only: no link-local IPv6 address a job could be reached on besides its own.
+        _run(_in(name, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1",
+                 "net.ipv6.conf.default.disable_ipv6=1"), check=False)
+
+    def _add_host(self, host):
+        self._add_namespace(host.netns)
+        # Both ends are created inside the namespaces: nothing appears in this machine's own.
+        _run(["ip", "-n", self.switch, "link", "add", host.switch_port, "type", "veth",
+              "peer", "name", host.interface, "netns", host.netns])
+        _run(["ip", "-n", self.switch, "link", "set", host.switch_port, "master", "br0"])
+        _run(["ip", "-n", self.switch, "link", "set", host.switch_port, "up"])
+        _run(["ip", "-n", host.netns, "addr", "add",
+              "%s/%d" % (host.address, PREFIX_LENGTH), "dev", host.interface])
+        _run(["ip", "-n", host.netns, "link", "set", host.interface, "up"])
+        if self.mbit or self.delay_ms:
+            self._shape(host.netns, host.interface)            # what the host sends
+            self._shape(self.switch, host.switch_port)         # what the host receives
+
+    def _shape(self, netns, device):
+        command = ["tc", "qdisc", "add", "dev", device]
+        if self.delay_ms:
+            _run(_in(netns, *command, "root", "handle", "1:", "netem", "delay",
+                     "%gms" % self.delay_ms))
+            command += ["parent", "1:", "handle", "2:"]
+        else:
+            command += ["root"]
+        if self.mbit:
+            _run(_in(netns, *command, *tbf_arguments(self.mbit)))
+
+    def _write_keys_and_configs(self):
+        folder = self.folder
+        self.client_key = os.path.join(folder, "id_ed25519")
+        _keygen(self.client_key, "odsgd-emulate client")
+        self.authorized_keys = os.path.join(folder, "authorized_keys")
+        shutil.copyfile(self.client_key + ".pub", self.authorized_keys)
+        os.chmod(self.authorized_keys, 0o600)
+        known = []
+        for host in self.hosts:
+            host.host_key = os.path.join(folder, "host%d_ed25519" % host.index)
+            _keygen(host.host_key, "odsgd-emulate host %d" % host.index)
+            with open(host.host_key + ".pub") as f:
+                known.append("%s %s" % (host.address, " ".join(f.read().split()[:2])))
+            host.sshd_config = os.path.join(folder, "sshd%d_config" % host.index)
+            host.sshd_log = os.path.join(folder, "sshd%d.log" % host.index)
+            with open(host.sshd_config, "w") as f:
+                f.write(self._sshd_config(host))
+        self.known_hosts = os.path.join(folder, "known_hosts")
+        with open(self.known_hosts, "w") as f:
+            f.write("\n".join(known) + "\n")
+        self.ssh_config = os.path.join(folder, "ssh_config")
+        with open(self.ssh_config, "w") as f:
+            f.write(SSH_CONFIG % dict(user=self.user, key=self.client_key,
+                                      known_hosts=self.known_hosts))
+        self.bin = os.path.join(folder, "bin")
+        os.mkdir(self.bin)
+        wrapper = os.path.join(self.bin, "ssh")
+        with open(wrapper, "w") as f:
+            f.write('#!/bin/sh\n# ssh with this emulated cluster\'s key and host keys\n'
+                    'exec %s -F %s "$@"\n' % (shutil.which("ssh"), self.ssh_config))
+        os.chmod(wrapper, 0o700)
+        self.hostfile = os.path.join(folder, "hostfile")
+        with open(self.hostfile, "w") as f:
+            f.write("".join(host.address + "\n" for host in self.hosts))
+
+    def _sshd_config(self, host):
+        return SSHD_CONFIG % dict(
+            address=host.address, host_key=host.host_key,
+            authorized_keys=self.authorized_keys, user=self.user,
+            strict_modes="yes" if self.strict_modes else "no",
+            pid_file=os.path.join(self.folder, "sshd%d.pid" % host.index),
+            alive=CLIENT_ALIVE_INTERVAL, alive_count=CLIENT_ALIVE_COUNT)
+
+    def _start_sshd(self, host):
+        # -D: stays in the foreground (its pid is ours to end); -e -E: log to a file we read.
+        with open(host.sshd_log, "w"):
+            pass
+        host.sshd = subprocess.Popen(_in(host.netns, SSHD, "-D", "-f", host.sshd_config,
+                                         "-E", host.sshd_log),
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def _wait_for_sshd(self, host, timeout=10.0):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            with open(host.sshd_log) as f:
+                log = f.read()
+            if "Server listening on" in log:
+                return
+            if host.sshd.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise EmulationError("the sshd of host %d (%s) did not start: %s"
+                             % (host.index, host.address, log.strip() or "no log"))
+
+    # -- use -------------------------------------------------------------------------------
+    def environment(self, base=None):
+        """Environment for commands on the hosts: the hostfile and the ssh wrapper."""
+        env = dict(os.environ if base is None else base)
+        env["ODSGD_HOSTFILE"] = self.hostfile
+        env["PATH"] = self.bin + os.pathsep + env.get("PATH", os.defpath)
+        return env
+
+    def on_host(self, index, argv):
+        """argv that runs `argv` on host `index`."""
+        return _in(self.hosts[index].netns, *argv)
+
+    def host_of(self, address):
+        for host in self.hosts:
+            if host.address == address:
+                return host
+        raise KeyError(address)
+
+    def link_down(self, index):
+        """Unplugs host `index`: its NIC goes down, inside its namespace."""
+        host = self.hosts[index]
+        _run(["ip", "-n", host.netns, "link", "set", host.interface, "down"])
+
+    def processes(self, index):
+        """Pids of the processes on host `index` other than its sshd daemon (sessions that
+        sshd started for a client are included)."""
+        host = self.hosts[index]
+        pids = set(namespace_pids(host.netns))
+        if host.sshd is not None:
+            pids.discard(_child_pid(host.sshd.pid))
+            pids.discard(host.sshd.pid)
+        return sorted(pids)
+
+    # -- tear down -------------------------------------------------------------------------
+    def stop(self):
+        """Ends every process on the hosts (sshd last), deletes the namespaces (the veths and
+        the bridge go with them) and the temporary folder. Safe to call twice."""
+        for host in self.hosts:
+            if host.sshd is not None and host.sshd.poll() is None:
+                _signal_group(host.sshd.pid, signal.SIGTERM)
+        for name in reversed(self.namespaces):
+            _kill_all_in(name)
+        for host in self.hosts:
+            if host.sshd is not None:
+                _signal_group(host.sshd.pid, signal.SIGKILL)
+                try:
+                    host.sshd.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+        for name in reversed(self.namespaces):
+            _run(["ip", "netns", "delete", name], check=False)
+        self.namespaces = []
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+
+
+def tbf_arguments(mbit):
+    """`tc` arguments of a token bucket of `mbit` Mbit/s. The bucket holds at least one
+    64 KiB segment (veth passes GSO segments that big) and 4 ms of traffic; 100 ms of queue
+    keep TCP from losing packets in bursts."""
+    rate_bytes = mbit * 1e6 / 8
+    burst = int(max(64 * 1024 + 1500, rate_bytes / 250))
+    return ["tbf", "rate", "%gmbit" % mbit, "burst", str(burst), "latency", "100ms"]
+
+
+def _strict_modes_ok(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return st.st_uid == 0 and not st.st_mode & 0o022 and os.access(path, os.W_OK)
+
+
+def _keygen(path, comment):
+    _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", path])
+
+
+def namespace_pids(netns):
+    result = _run(["ip", "netns", "pids", netns], check=False)
+    return [int(p) for p in result.stdout.split()] if result.returncode == 0 else []
+
+
+def _child_pid(pid):
+    """The one child of `pid` (`ip netns exec` execs, so usually the pid itself)."""
+    try:
+        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+            children = f.read().split()
+        return int(children[0]) if children else pid
+    except (OSError, ValueError):
+        return pid
+
+
+def _signal_group(pid, sig):
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill_all_in(netns, timeout=5.0):
+    """SIGTERM, then SIGKILL, to every process whose network namespace is `netns` (all of them
+    were started on the emulated host, by its sshd or by `on_host`)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = namespace_pids(netns)
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.time() + timeout
+        while pids and time.time() < deadline:
+            pids = namespace_pids(netns)
+            time.sleep(0.05)
+        if not pids:
+            return
+
+
+def leftovers():
+    """What any emulated cluster of this machine left behind: namespaces, processes in them,
+    temporary folders (empty when everything was torn down)."""
+    found = []
+    names = _run(["ip", "netns", "list"], check=False).stdout.split("\n")
+    for line in names:
+        name = line.split(" ")[0]
+        if name.startswith(PREFIX):
+            found.append("namespace %s (processes %s)" % (name, namespace_pids(name)))
+    for base in ("/run", tempfile.gettempdir()):
+        for entry in os.listdir(base):
+            if entry.startswith(PREFIX):
+                found.append("folder %s" % os.path.join(base, entry))
+    return found
+
+
+SSHD_CONFIG = """\
+# sshd of one emulated host: its own address only, the generated key only.
+ListenAddress %(address)s
+Port 22
+HostKey %(host_key)s
+PidFile %(pid_file)s
+AuthorizedKeysFile %(authorized_keys)s
+AllowUsers %(user)s
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitEmptyPasswords no
+PermitRootLogin prohibit-password
+HostbasedAuthentication no
+UsePAM no
+StrictModes %(strict_modes)s
+PermitUserEnvironment no
+AllowTcpForwarding no
+AllowAgentForwarding no
+AllowStreamLocalForwarding no
+X11Forwarding no
+PermitTunnel no
+PrintMotd no
+# A session whose client is cut off ends (its processes get SIGHUP with the pty) after
+# %(alive_count)s unanswered probes.
+ClientAliveInterval %(alive)d
+ClientAliveCountMax %(alive_count)d
+LogLevel VERBOSE
+"""
+
+SSH_CONFIG = """\
+# ssh client configuration of an emulated cluster: its key, its hosts' keys, no prompts.
+Host *
+    User %(user)s
+    IdentityFile %(key)s
+    IdentitiesOnly yes
+    IdentityAgent none
+    UserKnownHostsFile %(known_hosts)s
+    GlobalKnownHostsFile /dev/null
+    StrictHostKeyChecking yes
+    BatchMode yes
+    PasswordAuthentication no
+    KbdInteractiveAuthentication no
+    LogLevel ERROR
+"""
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m odsgd.emulate",
+        description="Runs COMMAND on the first of N emulated hosts (network namespaces with "
+                    "a shaped NIC and an sshd each); ODSGD_HOSTFILE names the hostfile.")
+    parser.add_argument("--hosts", type=int, required=True, help="number of hosts")
+    parser.add_argument("--mbit", type=float, default=0,
+                        help="rate of every NIC, each direction, in Mbit/s (0: unshaped)")
+    parser.add_argument("--delay-ms", type=float, default=0,
+                        help="one-way delay of every NIC (needs netem)")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="-- COMMAND ...: run on host 0 (a shell expands $ODSGD_HOSTFILE "
+                             "if the command is `sh -c '...'`)")
+    args = parser.parse_args(argv)
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    if not args.command:
+        parser.error("give the command to run after --, e.g. -- python -m odsgd.launch "
+                     "--launcher ssh -H '$ODSGD_HOSTFILE' ...")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+
+    def on_sigterm(signum, _frame):
+        raise KeyboardInterrupt("signal %d" % signum)
+    signal.signal(signal.SIGTERM, on_sigterm)
+    command = None
+    try:
+        with EmulatedCluster(args.hosts, args.mbit, args.delay_ms) as cluster:
+            env = cluster.environment()
+            # $ODSGD_HOSTFILE in an argument is replaced, so no shell is needed for -H.
+            argv = [a.replace("$ODSGD_HOSTFILE", cluster.hostfile) for a in args.command]
+            print("odsgd.emulate: %d hosts %s, NICs at %s; hostfile %s" % (
+                len(cluster.hosts), ", ".join(h.address for h in cluster.hosts),
+                "%g Mbit/s" % args.mbit if args.mbit else "full speed", cluster.hostfile),
+                file=sys.stderr, flush=True)
+            command = subprocess.Popen(cluster.on_host(0, argv), env=env,
+                                       start_new_session=True)
+            try:
+                return command.wait()
+            except KeyboardInterrupt:
+                _end_command(command)
+                return 130
+    except EmulationError as error:
+        print("odsgd.emulate: %s" % error, file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if command is not None:
+            _end_command(command)
+        return 130
+
+
+def _end_command(process, grace=10.0):
+    """SIGTERM to the command's process group (odsgd.launch ends its job on it), SIGKILL after
+    `grace` seconds."""
+    _signal_group(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        _signal_group(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(BrokenPipeError):
+        sys.exit(main())

@@ -1,0 +1,283 @@
+"""Jobs across emulated hosts (odsgd.emulate): network namespaces with a shaped NIC and a
+key-only sshd each, and odsgd.launch's ssh launcher across them.
+
+Needs root and openssh-server; skipped with the reason where either is missing. After every
+test no namespace, sshd, process or key folder of the emulation is left (asserted)."""
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from odsgd import emulate
+from quadratic_simulation import assert_matches, simulate
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOBS = os.path.join(REPO, "tests", "jobs")
+
+try:
+    emulate.require_root_and_sshd()
+    MISSING = None
+except emulate.EmulationError as error:
+    MISSING = str(error)
+
+pytestmark = [pytest.mark.skipif(MISSING is not None, reason=str(MISSING)),
+              pytest.mark.timeout(240)]
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind():
+    yield
+    assert emulate.leftovers() == []
+    assert _emulated_sshds() == []
+
+
+def _emulated_sshds():
+    """Pids of sshd processes started with a configuration of an emulated cluster."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    command = f.read().decode("utf-8", "replace")
+            except OSError:
+                continue
+            if "sshd" in command and emulate.PREFIX in command:
+                found.append(int(pid))
+    return found
+
+
+def _listening(cluster, index):
+    """Local addresses (address:port) of the TCP sockets listening on host `index`."""
+    out = subprocess.run(cluster.on_host(index, ["ss", "-ltnH"]), capture_output=True,
+                         text=True, check=True).stdout
+    return sorted(line.split()[3] for line in out.splitlines() if line.strip())
+
+
+def _ssh(cluster, index, *options, command="true"):
+    return subprocess.run(cluster.on_host(0, ["ssh"] + list(options)
+                                          + [cluster.hosts[index].address, command]),
+                          env=cluster.environment(), capture_output=True, text=True,
+                          timeout=30)
+
+
+def job_environment(cluster, extra=None):
+    env = cluster.environment()
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra or {})
+    return env
+
+
+class Launched(object):
+    """odsgd.launch started on host 0 of `cluster`, its output read line by line."""
+
+    def __init__(self, cluster, script, args, workers, servers, timeout, env=None):
+        command = [sys.executable, "-m", "odsgd.launch", "--job-timeout", str(timeout),
+                   "--launcher", "ssh", "-H", cluster.hostfile, "-n", str(workers),
+                   "-s", str(servers), sys.executable, os.path.join(JOBS, script)]
+        command += [str(a) for a in args]
+        self.timeout = timeout
+        self.process = subprocess.Popen(cluster.on_host(0, command), cwd=REPO,
+                                        env=job_environment(cluster, env),
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True, start_new_session=True)
+        self.lines = []
+        self.queue = queue.Queue()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.lines.append(line)
+            self.queue.put(line)
+        self.queue.put(None)
+
+    def wait_for(self, pattern, timeout):
+        """Waits until a line matches `pattern`; fails with the output otherwise."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for line in list(self.lines):
+                if re.search(pattern, line):
+                    return line
+            if self.process.poll() is not None and not self.reader.is_alive():
+                break
+            time.sleep(0.1)
+        self.end()
+        raise AssertionError("no line matching %r within %d s:\n%s"
+                             % (pattern, timeout, self.output()[-6000:]))
+
+    def wait(self):
+        try:
+            self.process.wait(timeout=self.timeout + 30)
+        except subprocess.TimeoutExpired:
+            self.end()
+            raise AssertionError("the launcher did not exit:\n" + self.output()[-6000:])
+        return self.process.returncode
+
+    def output(self):
+        if self.process.poll() is not None:
+            self.reader.join(5)   # the pipe is drained after the exit
+        return "".join(self.lines)
+
+    def end(self):
+        """Ends the launcher (it ends its job on SIGTERM), SIGKILL to its group after 20 s."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+def _role_pids(cluster, index, role):
+    """Pids on host `index` whose environment says DMLC_ROLE=role."""
+    found = []
+    for pid in cluster.processes(index):
+        try:
+            with open("/proc/%d/environ" % pid, "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if ("DMLC_ROLE=%s" % role).encode() in env:
+            found.append(pid)
+    return found
+
+
+def _wait_until_no_job_processes(cluster, timeout=15.0):
+    """The processes left on the hosts after `timeout` seconds (sshd daemons excepted)."""
+    deadline = time.time() + timeout
+    while True:
+        left = {h.index: cluster.processes(h.index) for h in cluster.hosts}
+        left = {i: pids for i, pids in left.items() if pids}
+        if not left or time.time() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+# -- the emulation itself -----------------------------------------------------------------
+
+def test_hosts_sshd_and_teardown(tmp_path):
+    """Every host has its address on a NIC of its own, reaches the others, runs an sshd that
+    listens on its address only and takes the generated key only; all of it goes at exit."""
+    with emulate.EmulatedCluster(hosts=2) as cluster:
+        for host in cluster.hosts:
+            assert _listening(cluster, host.index) == ["%s:22" % host.address]
+        with open(cluster.hostfile) as f:
+            assert f.read().split() == [h.address for h in cluster.hosts]
+        ok = _ssh(cluster, 1, command="ip -o -4 addr show dev eth0")
+        assert ok.returncode == 0, ok.stderr
+        assert " 198.18.0.2/24 " in ok.stdout
+        # another key: refused; passwords and keyboard-interactive: not even offered
+        other = tmp_path / "other_key"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)],
+                       check=True)
+        refused = _ssh(cluster, 1, "-i", str(other), "-o", "IdentityFile=" + str(other),
+                       "-F", "/dev/null", "-o", "UserKnownHostsFile=" + cluster.known_hosts,
+                       "-o", "BatchMode=yes")
+        assert refused.returncode == 255
+        assert "Permission denied (publickey)" in refused.stderr
+        password = _ssh(cluster, 1, "-o", "PubkeyAuthentication=no",
+                        "-o", "PreferredAuthentications=password,keyboard-interactive")
+        assert password.returncode == 255
+        assert "Permission denied (publickey)" in password.stderr
+        folder = cluster.folder
+        namespaces = [h.netns for h in cluster.hosts] + [cluster.switch]
+    assert not os.path.exists(folder)
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(name in listed for name in namespaces)
+
+
+def test_emulate_command_and_sigterm_leave_nothing():
+    """`python -m odsgd.emulate` runs its command on host 0 with ODSGD_HOSTFILE; SIGTERM while
+    the command runs tears everything down and exits non-zero."""
+    command = [sys.executable, "-m", "odsgd.emulate", "--hosts", "2", "--mbit", "50", "--",
+               "sh", "-c", 'cat "$ODSGD_HOSTFILE"; ssh 198.18.0.2 echo reached; '
+                           'echo ready; sleep 60']
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                               env=dict(os.environ, PYTHONPATH=REPO))
+    lines = []
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            if line.strip() == "ready":
+                break
+        assert "198.18.0.1\n" in lines and "198.18.0.2\n" in lines and "reached\n" in lines, \
+            "".join(lines)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) != 0
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+# -- jobs across hosts ----------------------------------------------------------------------
+
+def test_quadratic_job_on_three_hosts_matches_numpy(tmp_path):
+    """Scheduler and server on host 0, a worker on each of hosts 1 and 2, through the ssh
+    launcher: the OD-SGD run equals the NumPy simulation, as on loopback."""
+    options = dict(steps=6, lr=0.05, momentum=0.9, wd=1e-3, warmup_steps=2,
+                   local_optimizer="predict", compensation=0.3)
+    args = ["--out", tmp_path]
+    for name, value in options.items():
+        args += ["--" + name.replace("_", "-"), value]
+    with emulate.EmulatedCluster(hosts=3) as cluster:
+        job = Launched(cluster, "quadratic_job.py", args, workers=2, servers=1, timeout=150)
+        code = job.wait()
+        output = job.output()
+        assert code == 0, output[-6000:]
+        # dmlc_tracker starts the ssh clients from threads: worker numbers follow their order
+        for label in (r"started server 0 on 198\.18\.0\.1", r"started worker \d on 198\.18\.0\.2",
+                      r"started worker \d on 198\.18\.0\.3", r"the scheduler binds 198\.18\.0\.1"):
+            assert re.search(label, output), output[-6000:]
+        assert _wait_until_no_job_processes(cluster) == {}
+    results = [dict(np.load(tmp_path / ("rank%d.npz" % r))) for r in range(2)]
+    history, W = simulate(2, **{k: v for k, v in options.items() if k != "steps"}, steps=6)
+    assert_matches(results, history, W)
+
+
+# -- faults ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fault,host", [("link down", 1), ("kill", 1), ("link down", 0),
+                                        ("kill", 0)])
+def test_fault_ends_job_naming_host_and_role(fault, host):
+    """A worker's host (1) or the server's host (0) loses its link or its job process is
+    killed mid-run: the launcher exits non-zero within 30 s naming the host and role, and
+    nothing is left running on any host."""
+    role = "worker" if host == 1 else "server"
+    with emulate.EmulatedCluster(hosts=3) as cluster:
+        job = Launched(cluster, "fault_job.py", ["--steps", "100000", "--sleep", "0.05"],
+                       workers=2, servers=1, timeout=150)
+        job.wait_for(r"\[worker \d on 198\.18\.0\.2\] step 3 ", 120)
+        job.wait_for(r"\[worker \d on 198\.18\.0\.3\] step 3 ", 30)
+        # while the job runs, every port on every host is bound to that host's address only
+        for h in cluster.hosts:
+            assert all(a.startswith(h.address + ":") for a in _listening(cluster, h.index))
+        start = time.time()
+        if fault == "kill":
+            pids = _role_pids(cluster, host, role)
+            assert pids
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+        else:
+            cluster.link_down(host)
+        code = job.wait()
+        took = time.time() - start
+        output = job.output()
+        assert code != 0, output[-4000:]
+        assert took <= 30, (took, output[-4000:])
+        address = cluster.hosts[host].address
+        named = [line for line in output.splitlines() if "ERROR odsgd.launch" in line
+                 and address in line and role in line]
+        assert named, output[-4000:]
+        print("%s on host %d: exit %d after %.1f s: %s" % (fault, host, code, took, named[0]))
+        assert _wait_until_no_job_processes(cluster) == {}
