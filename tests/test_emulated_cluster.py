@@ -281,3 +281,46 @@ def test_fault_ends_job_naming_host_and_role(fault, host):
         assert named, output[-4000:]
         print("%s on host %d: exit %d after %.1f s: %s" % (fault, host, code, took, named[0]))
         assert _wait_until_no_job_processes(cluster) == {}
+
+
+# -- shaping -----------------------------------------------------------------------------------
+MBIT, TRANSFER_BYTES = 100, 4 * 1024 * 1024
+
+
+def _timed_transfer(cluster, receiver, senders, port=7650):
+    """Seconds for every host of `senders` to send TRANSFER_BYTES to host `receiver` at once,
+    from the first byte received to the last."""
+    script = os.path.join(JOBS, "nic_transfer.py")
+    address = cluster.hosts[receiver].address
+    listener = subprocess.Popen(
+        cluster.on_host(receiver, [sys.executable, script, "receive", address, str(port),
+                                   str(len(senders)), str(TRANSFER_BYTES)]),
+        stdout=subprocess.PIPE, text=True)
+    clients = []
+    try:
+        assert listener.stdout.readline().strip() == "listening"
+        clients += [subprocess.Popen(cluster.on_host(s, [sys.executable, script, "send", address,
+                                                         str(port), str(TRANSFER_BYTES)]))
+                   for s in senders]
+        for client in clients:
+            assert client.wait(timeout=60) == 0
+        out, _ = listener.communicate(timeout=60)
+    finally:
+        listener.kill()
+        for client in clients:
+            client.kill()
+    return float(re.search(r"seconds ([\d.]+)", out).group(1))
+
+
+def test_each_nic_is_shaped_in_both_directions():
+    """Every NIC at MBIT: one host's transfer to another takes bits / MBIT (within 25%) in each
+    direction, and two workers sending to the server host at once take twice that: the
+    server host's NIC, not the senders', is the bottleneck."""
+    expected = TRANSFER_BYTES * 8 / (MBIT * 1e6)
+    with emulate.EmulatedCluster(3, mbit=MBIT) as cluster:
+        to_server = _timed_transfer(cluster, 0, [1])
+        from_server = _timed_transfer(cluster, 1, [0])
+        both_to_server = _timed_transfer(cluster, 0, [1, 2])
+    assert to_server == pytest.approx(expected, rel=0.25)
+    assert from_server == pytest.approx(expected, rel=0.25)
+    assert both_to_server == pytest.approx(2 * expected, rel=0.25)
