@@ -324,3 +324,22 @@ def test_each_nic_is_shaped_in_both_directions():
     assert to_server == pytest.approx(expected, rel=0.25)
     assert from_server == pytest.approx(expected, rel=0.25)
     assert both_to_server == pytest.approx(2 * expected, rel=0.25)
+
+
+def test_throughput_benchmark_on_emulated_hosts(tmp_path):
+    """`odsgd.bench throughput --topology hosts`: every mode runs across a host per server and
+    per worker, and the wire time of its bound is the server NIC's share (each direction
+    carries every worker's parameters once), half the shared loopback's."""
+    out = tmp_path / "tp.json"
+    command = [sys.executable, "-m", "odsgd.bench", "throughput", "--topology", "hosts",
+               "--mlp-hidden", "128", "--batch-size", "16", "--bandwidth-mbit", str(MBIT),
+               "--steps", "4", "--skip", "2", "--repeats", "1", "--warmup-steps", "1",
+               "--overlap-interval", "2", "--json", str(out), "--timeout", "150"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=230, cwd=REPO)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    import json
+    runs = json.loads(out.read_text())["runs"]
+    assert sorted(r["mode"] for r in runs) == ["dist_async", "dist_odsgd", "dist_sync"]
+    for r in runs:
+        assert r["topology"] == "hosts" and r["samples_per_sec"] > 0
+        assert r["wire_seconds"] == pytest.approx(2 * r["parameter_bytes"] * 8 / (MBIT * 1e6))

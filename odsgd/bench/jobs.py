@@ -19,12 +19,22 @@ class JobFailed(RuntimeError):
     pass
 
 
-def launch_command(module_args, workers, servers, timeout):
+def launch_command(module_args, workers, servers, timeout, hostfile=None):
     """argv that runs `python -m <module_args>` as a job of `workers` workers and `servers`
-    servers on this machine."""
+    servers on this machine, or with `hostfile` through the ssh launcher on its hosts."""
+    launcher = ["--launcher", "local"] if hostfile is None else \
+        ["--launcher", "ssh", "-H", hostfile]
     return [sys.executable, "-m", "odsgd.launch", "--job-timeout", str(int(timeout)),
-            "-n", str(workers), "-s", str(servers), "--launcher", "local",
-            sys.executable, "-m"] + [str(a) for a in module_args]
+            "-n", str(workers), "-s", str(servers)] + launcher + \
+        [sys.executable, "-m"] + [str(a) for a in module_args]
+
+
+def emulated_hosts(bandwidth_mbit, count):
+    """`count` emulated hosts (odsgd.emulate), each NIC shaped to `bandwidth_mbit` (0 =
+    unshaped): run_job(..., hosts=...) puts one server or worker on each, the scheduler with
+    the first server."""
+    from ..emulate import EmulatedCluster
+    return EmulatedCluster(count, mbit=bandwidth_mbit)
 
 
 def job_environment(env=None):
@@ -36,16 +46,24 @@ def job_environment(env=None):
 
 
 def run_job(module_args, workers=2, servers=1, timeout=600, env=None, netns=None,
-            show=None, stall_timeout=None):
+            show=None, stall_timeout=None, hosts=None):
     """Runs the job and returns its output. `show(line)` decides which lines are echoed as
     progress (default: none). With `stall_timeout`, a job that prints nothing for that many
     seconds is ended (a hung collective shows no CPU and no output; without this it would
-    wait for `timeout`). Raises JobFailed with the reason and the end of the output."""
-    command = launch_command(module_args, workers, servers, timeout)
+    wait for `timeout`). `netns`: run it inside that namespace; `hosts`: an emulated cluster
+    (emulated_hosts), the job spread over its hosts by the ssh launcher. Raises JobFailed
+    with the reason and the end of the output."""
+    environment = job_environment(env)
+    if hosts is not None:
+        command = hosts.on_host(0, launch_command(module_args, workers, servers, timeout,
+                                                  hostfile=hosts.hostfile))
+        environment = hosts.environment(environment)
+    else:
+        command = launch_command(module_args, workers, servers, timeout)
     if netns is not None:
         command = ["ip", "netns", "exec", netns] + command
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               env=job_environment(env), cwd=REPO, text=True,
+                               env=environment, cwd=REPO, text=True,
                                start_new_session=True)
     lines, stalled = [], None
     output = queue.Queue()

@@ -22,6 +22,7 @@ Writes a table to the console, --json FILE (key "runs", one entry per mode and b
 a PNG plot beside it.
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -30,7 +31,7 @@ import tempfile
 import time
 
 from .cpu_meter import JobCPUMeter
-from .jobs import run_job, shaped_namespace, JobFailed, job_environment
+from .jobs import run_job, shaped_namespace, emulated_hosts, JobFailed, job_environment
 from .throughput_job import MODEL_HELP
 
 MODES = ("dist_sync", "dist_async", "dist_odsgd")
@@ -50,6 +51,10 @@ def parse_args(argv=None):
     p.add_argument("--servers", type=int, default=1)
     p.add_argument("--bandwidth-mbit", default="0,1000,2000,4000",
                    help="comma-separated list; 0 = unshaped loopback")
+    p.add_argument("--topology", choices=["loopback", "hosts"], default="loopback",
+                   help="loopback: every process on one loopback, shaped as a whole; hosts: "
+                   "one emulated host per server and per worker (odsgd.emulate, root and "
+                   "sshd), each NIC shaped to the bandwidth, the ssh launcher across them")
     p.add_argument("--steps", type=int, default=30, help="timed steps per run")
     p.add_argument("--skip", type=int, default=8, help="untimed steps before timing")
     p.add_argument("--repeats", type=int, default=3)
@@ -119,21 +124,21 @@ def measure_compute(args):
         return _read_ranks(out, 1)[0]
 
 
-def measure_comm(args, netns):
+def measure_comm(args, place):
     with tempfile.TemporaryDirectory() as out:
         run_job(_job_args(args, out, measure="comm"), args.workers, args.servers,
-                args.timeout, env=_env(args), netns=netns, stall_timeout=args.stall_timeout)
+                args.timeout, env=_env(args), stall_timeout=args.stall_timeout, **place)
         return max(r["t_comm"] for r in _read_ranks(out, args.workers))
 
 
-def measure_mode(args, mode, netns):
+def measure_mode(args, mode, place):
     """(samples/s of the whole job, dist_odsgd overlap summaries or None, {role: cores in
     use during the timed window})."""
     meter = JobCPUMeter()
     with tempfile.TemporaryDirectory() as out, meter:
         env = dict(_env(args, mode), **meter.environment)
         run_job(_job_args(args, out, kvstore=mode), args.workers, args.servers, args.timeout,
-                env=env, netns=netns, stall_timeout=args.stall_timeout)
+                env=env, stall_timeout=args.stall_timeout, **place)
         ranks = _read_ranks(out, args.workers)
     # The window all workers were timing in; CPU of every process of the job inside it.
     start = max(r["window"][0] for r in ranks)
@@ -144,11 +149,17 @@ def measure_mode(args, mode, netns):
     return sum(r["samples_per_sec"] for r in ranks), overlap or None, cores
 
 
-def _namespace(bandwidth):
-    if bandwidth == 0:
-        import contextlib
-        return contextlib.nullcontext(None)
-    return shaped_namespace(bandwidth)
+@contextlib.contextmanager
+def _place(args, bandwidth):
+    """Where the jobs of one bandwidth run: run_job's keyword (netns= or hosts=)."""
+    if args.topology == "hosts":
+        with emulated_hosts(bandwidth, args.servers + args.workers) as cluster:
+            yield {"hosts": cluster}
+    elif bandwidth == 0:
+        yield {}
+    else:
+        with shaped_namespace(bandwidth) as netns:
+            yield {"netns": netns}
 
 
 def run(args):
@@ -162,8 +173,8 @@ def run(args):
         samples = {mode: [] for mode in args.mode_list}
         cores = {mode: [] for mode in args.mode_list}
         overlaps = []
-        with _namespace(bandwidth) as netns:
-            t_comm = measure_comm(args, netns)
+        with _place(args, bandwidth) as place:
+            t_comm = measure_comm(args, place)
             print("[%s] t_comm = %.1f ms per step" % (_bw(bandwidth), 1e3 * t_comm), flush=True)
             for repeat in range(args.repeats):
                 # Rotate the order so that no mode always runs first or last.
@@ -171,7 +182,7 @@ def run(args):
                     args.mode_list[:repeat % len(args.mode_list)]
                 for mode in order:
                     tic = time.time()
-                    rate, overlap, used = measure_mode(args, mode, netns)
+                    rate, overlap, used = measure_mode(args, mode, place)
                     samples[mode].append(rate)
                     cores[mode].append(used)
                     if overlap:
@@ -218,8 +229,13 @@ def cpu_summary(rates, cores_per_repeat, cores, per_step, wire_seconds):
 def _summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores):
     per_step = args.workers * args.batch_size
     t_comp = compute["t_comp"]
-    # Every worker pushes and pulls every parameter once a step, all through the one link.
-    wire_bits = 2 * args.workers * compute["parameter_bytes"] * 8
+    # Every worker pushes and pulls every parameter once a step. loopback: all of it through
+    # the one bucket; hosts: each server's NIC carries its share of every worker's pushes in
+    # and of their pulls out, both directions at once.
+    if args.topology == "loopback":
+        wire_bits = 2 * args.workers * compute["parameter_bytes"] * 8
+    else:
+        wire_bits = args.workers * compute["parameter_bytes"] * 8 / args.servers
     wire_seconds = wire_bits / (bandwidth * 1e6) if bandwidth else None
     runs = []
     for mode, rates in samples.items():
@@ -227,6 +243,7 @@ def _summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores):
                  "workers": args.workers, "dense_layers": args.dense_layers,
                  "dense_width": args.dense_width, "image_size": args.image_size,
                  "servers": args.servers, "batch_size": args.batch_size,
+                 "topology": args.topology,
                  "bandwidth_mbit": bandwidth, "repeats": len(rates),
                  "samples_per_sec": statistics.median(rates),
                  "samples_per_sec_min": min(rates), "samples_per_sec_max": max(rates),
