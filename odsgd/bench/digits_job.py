@@ -10,7 +10,6 @@ environment (docs/env.md):
         python -m odsgd.bench.digits_job --kvstore dist_odsgd --json out.json
 """
 import argparse
-import json
 import logging
 import time
 
@@ -18,6 +17,7 @@ import odsgd  # registers dist_odsgd; on servers it loads only the server side
 import mxnet as mx  # on a server or scheduler the job's server loop runs in here
 import numpy as np
 
+from odsgd.bench.study_job import run_and_write
 from odsgd.training import data as training_data
 from odsgd.training.imperative import EvaluationNet
 from odsgd.training.session import finish_queued_work_at_exit
@@ -150,12 +150,7 @@ def train(args):
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    result, rank = train(args)
-    if rank == 0 and args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    run_and_write(parse_args, train, argv)
 
 
 if __name__ == "__main__":
