@@ -322,13 +322,14 @@ class EmulatedCluster(object):
             self.folder = None
 
 
-def tbf_arguments(mbit):
-    """`tc` arguments of a token bucket of `mbit` Mbit/s. The bucket holds at least one
-    64 KiB segment (veth passes GSO segments that big) and 4 ms of traffic; 100 ms of queue
-    keep TCP from losing packets in bursts."""
+def tbf_arguments(mbit, min_burst=64 * 1024 + 1500, latency_ms=100):
+    """`tc` arguments of a token bucket of `mbit` Mbit/s. The bucket holds at least
+    `min_burst` bytes (default: one 64 KiB segment, as veth passes GSO segments that big) and
+    4 ms of traffic (the kernel's timer granularity at high rates); `latency_ms` of queue keep
+    TCP from losing packets in bursts."""
     rate_bytes = mbit * 1e6 / 8
-    burst = int(max(64 * 1024 + 1500, rate_bytes / 250))
-    return ["tbf", "rate", "%gmbit" % mbit, "burst", str(burst), "latency", "100ms"]
+    burst = int(max(min_burst, rate_bytes / 250))
+    return ["tbf", "rate", "%gmbit" % mbit, "burst", str(burst), "latency", "%dms" % latency_ms]
 
 
 def _strict_modes_ok(path):

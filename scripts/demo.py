@@ -11,7 +11,6 @@ final_test_accuracy, samples_per_sec, seconds_to_target (null: never reached), h
 and a PNG of test accuracy against training time beside it.
 """
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -19,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from odsgd.bench import time_to_accuracy  # noqa: E402
-from odsgd.bench.jobs import shaped_namespace  # noqa: E402
+from odsgd.bench.jobs import loopback_link  # noqa: E402
 from odsgd.training import image_datasets  # noqa: E402
 
 MODES = ("dist_sync", "dist_async", "dist_odsgd")
@@ -79,7 +78,7 @@ def train(mode, args, bandwidth):
            "--num-epochs", args.epochs, "--train-subset", args.train_subset,
            "--test-subset", args.test_subset, "--batch-size", args.batch_size,
            "--lr", args.lr, "--eval-interval", args.eval_interval]
-    namespace = shaped_namespace(bandwidth) if bandwidth else contextlib.nullcontext(None)
+    namespace = loopback_link(bandwidth)
     with namespace as netns:
         return time_to_accuracy.run_image_job(
             job, workers=2, servers=1, timeout=600, env=env, netns=netns,

@@ -12,6 +12,8 @@ import sys
 import threading
 import time
 
+from ..emulate import tbf_arguments
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -134,14 +136,22 @@ def shaped_namespace(bandwidth_mbit, name=None):
     try:
         _ip("netns", "exec", name, "ip", "link", "set", "lo", "up")
         if bandwidth_mbit:
-            rate_bytes = bandwidth_mbit * 1e6 / 8
-            # tbf needs a bucket of at least one packet (loopback MTU 64 KiB) and enough for
-            # the kernel's timer granularity at high rates.
-            burst = int(max(256 * 1024, rate_bytes / 250))
+            # loopback's packets are up to 64 KiB; the bucket holds a few of them
             subprocess.run(["ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "lo",
-                            "root", "tbf", "rate", "%dmbit" % bandwidth_mbit,
-                            "burst", str(burst), "latency", "50ms"],
+                            "root"] + tbf_arguments(bandwidth_mbit, min_burst=256 * 1024,
+                                                    latency_ms=50),
                            check=True, capture_output=True, text=True)
         yield name
     finally:
         _ip("netns", "delete", name, check=False)
+
+
+@contextlib.contextmanager
+def loopback_link(bandwidth_mbit):
+    """The netns argument of run_job for a job on loopback: None unshaped (0), else a
+    shaped_namespace."""
+    if not bandwidth_mbit:
+        yield None
+    else:
+        with shaped_namespace(bandwidth_mbit) as name:
+            yield name

@@ -31,7 +31,7 @@ import tempfile
 import time
 
 from .cpu_meter import JobCPUMeter
-from .jobs import run_job, shaped_namespace, emulated_hosts, JobFailed, job_environment
+from .jobs import run_job, loopback_link, emulated_hosts, JobFailed, job_environment
 from .throughput_job import MODEL_HELP
 
 MODES = ("dist_sync", "dist_async", "dist_odsgd")
@@ -155,10 +155,8 @@ def _place(args, bandwidth):
     if args.topology == "hosts":
         with emulated_hosts(bandwidth, args.servers + args.workers) as cluster:
             yield {"hosts": cluster}
-    elif bandwidth == 0:
-        yield {}
     else:
-        with shaped_namespace(bandwidth) as netns:
+        with loopback_link(bandwidth) as netns:
             yield {"netns": netns}
 
 

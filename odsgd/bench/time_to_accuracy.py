@@ -25,9 +25,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from statistics import mean
 
 from odsgd.bench import convergence
-from odsgd.bench.jobs import REPO, JobFailed, job_environment, run_job, shaped_namespace
+from odsgd.bench.jobs import REPO, JobFailed, job_environment, loopback_link, run_job
 
 DEFAULT_MODES = "dist_sync,dist_async,dist_odsgd"
 PARAMETERS = 431080          # odsgd.bench.image_job.make_net()
@@ -141,13 +142,9 @@ def mean_curve(records):
     """(train seconds, accuracy) per evaluation, each the mean over `records` (their common
     number of evaluations)."""
     count = min(len(r["history"]) for r in records)
-    return [{"train_seconds": _mean([r["history"][i]["train_seconds"] for r in records]),
-             "test_accuracy": _mean([r["history"][i]["test_accuracy"] for r in records])}
+    return [{"train_seconds": mean([r["history"][i]["train_seconds"] for r in records]),
+             "test_accuracy": mean([r["history"][i]["test_accuracy"] for r in records])}
             for i in range(count)]
-
-
-def _mean(values):
-    return sum(values) / float(len(values))
 
 
 def summarize(runs):
@@ -156,7 +153,7 @@ def summarize(runs):
     for bandwidth in sorted({r["bandwidth_mbit"] for r in runs}, key=lambda b: b or 1e12):
         mine = [r for r in runs if r["bandwidth_mbit"] == bandwidth and "error" not in r]
         sync = [r["final_test_accuracy"] for r in mine if r["mode"] == "dist_sync"]
-        target = _mean(sync) if sync else None
+        target = mean(sync) if sync else None
         modes = {}
         for mode in dict.fromkeys(r["mode"] for r in runs if r["bandwidth_mbit"] == bandwidth):
             records = [r for r in mine if r["mode"] == mode]
@@ -169,10 +166,10 @@ def summarize(runs):
                     if target is not None else []
                 reached = [s for s in per_seed if s is not None]
                 entry.update(
-                    final_mean=_mean(finals), final_min=min(finals), final_max=max(finals),
-                    finals=finals, samples_per_sec=_mean([r["samples_per_sec"] for r in records]),
+                    final_mean=mean(finals), final_min=min(finals), final_max=max(finals),
+                    finals=finals, samples_per_sec=mean([r["samples_per_sec"] for r in records]),
                     seconds_to_target_per_seed=per_seed,
-                    seconds_to_target_mean_of_reached=_mean(reached) if reached else None,
+                    seconds_to_target_mean_of_reached=mean(reached) if reached else None,
                     reached=len(reached),
                     seconds_to_target_of_mean_curve=seconds_to_target(mean_curve(records), target)
                     if target is not None else None)
@@ -231,7 +228,7 @@ def plot(runs, summary, path, title):
                    for k in range(count)]
             t = [p["train_seconds"] for p in mean_curve(records)]
             colour = plt.get_cmap("tab10")(i % 10)
-            ax.plot(t, [_mean(a) for a in acc], marker=".", color=colour, label=mode)
+            ax.plot(t, [mean(a) for a in acc], marker=".", color=colour, label=mode)
             ax.fill_between(t, [min(a) for a in acc], [max(a) for a in acc], color=colour,
                             alpha=0.15)
         if block["target"] is not None:
@@ -250,13 +247,6 @@ def plot(runs, summary, path, title):
     return path
 
 
-def _namespace(bandwidth):
-    if bandwidth == 0:
-        import contextlib
-        return contextlib.nullcontext(None)
-    return shaped_namespace(bandwidth)
-
-
 def run_all(args):
     runs, compute = [], None
     bandwidths = []
@@ -272,7 +262,7 @@ def run_all(args):
         kvstore, env = job_mode(mode)
         record = {"bandwidth_mbit": bandwidth, "mode": mode, "seed": seed}
         try:
-            with _namespace(bandwidth) as netns:
+            with loopback_link(bandwidth) as netns:
                 tic = time.time()
                 result = run_image_job(job_arguments(args, kvstore, seed), args.workers,
                                        args.servers, args.timeout, env=env, netns=netns)
