@@ -190,7 +190,8 @@ def test_hung_worker_ends_at_job_timeout(live_jobs):
     job ends at --job-timeout, with every process's last lines."""
     # 30 s: the hang must come before the timeout even when MXNet starts slowly on a busy machine
     job = live_jobs("fault_job.py", ["--hang-at", "3"], timeout=30)
-    job.wait_for(r"^\[worker 0\] hanging at step 3")
+    # the scheduler gives ranks in connection order, so kv.rank 0 may be any launched worker
+    job.wait_for(r"^\[worker \d\] hanging at step 3")
     code = job.finish(timeout=60)
     output = job.output
     assert code != 0
