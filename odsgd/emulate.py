@@ -46,6 +46,7 @@ PREFIX = "odsgd-emu"
 NETWORK = "198.18.0"
 PREFIX_LENGTH = 24
 SSHD = "/usr/sbin/sshd"
+PRIVSEP_DIR = "/run/sshd"   # sshd's compiled-in privilege separation folder (Debian)
 #: seconds an sshd waits for an answer from a silent client before it ends the session (3
 #: probes, one a second): a host cut off from the job's launcher ends its processes.
 CLIENT_ALIVE_INTERVAL = 1
@@ -154,6 +155,10 @@ class EmulatedCluster(object):
         for host in self.hosts:
             self._add_host(host)
         self._write_keys_and_configs()
+        # sshd refuses to start without its privilege separation folder, which Debian's
+        # service scripts create at boot; a freshly installed, never started openssh-server
+        # (a container, CI) has none.
+        os.makedirs(PRIVSEP_DIR, mode=0o755, exist_ok=True)
         for host in self.hosts:
             self._start_sshd(host)
         for host in self.hosts:
