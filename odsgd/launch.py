@@ -21,6 +21,11 @@ module changes, in this process only:
   non-zero, naming the process that failed and printing its last lines.
 * On Linux each child also gets SIGKILL when the launcher itself dies (even by SIGKILL), so a
   killed launcher leaves no job behind on this machine.
+* launch.py's `--env-server NAME:VALUE` and `--env-worker NAME:VALUE` set NAME for the servers
+  or the workers only (not the scheduler), over this machine's value, with the local and ssh
+  launchers. MXNet 1.9's launch.py hands them to dmlc_tracker, whose parser does not know
+  them: they would land in front of the command (`A:1: command not found`) with every
+  launcher. Other launchers refuse them.
 
 With `--launcher ssh` (`-H` defaults to $ODSGD_HOSTFILE, see odsgd.emulate):
 
@@ -28,9 +33,10 @@ With `--launcher ssh` (`-H` defaults to $ODSGD_HOSTFILE, see odsgd.emulate):
   is set, else the one this machine reaches the hostfile's first host from; servers and
   workers bind the address of their host in the hostfile (DMLC_NODE_HOST). No job port is
   opened on loopback or on any other address.
-* Every remote process gets the variables dmlc_tracker passes and this machine's DMLC_*,
-  PS_*, MXNET_*, ODSGD_*, OMP_*, KMP_*, PYTHONPATH, PYTHONUNBUFFERED and LD_LIBRARY_PATH, each
-  quoted (dmlc_tracker passes a handful, unquoted); the command is quoted for the remote shell.
+* Every remote process gets the variables dmlc_tracker passes, its role's --env-server or
+  --env-worker values and this machine's DMLC_*, PS_*, MXNET_*, ODSGD_*, OMP_*, KMP_*,
+  PYTHONPATH, PYTHONUNBUFFERED and LD_LIBRARY_PATH, each quoted (dmlc_tracker passes a
+  handful, unquoted); the command is quoted for the remote shell.
 * ssh runs with a pty (`-tt`), no stdin, BatchMode and keep-alive probes every
   SSH_ALIVE_SECONDS (ODSGD_SSH_ALIVE_SECONDS; 0 turns them off): a host that drops off the
   network ends its ssh client after 3 unanswered probes, which fails the job; ending an ssh
@@ -42,6 +48,7 @@ With `--launcher ssh` (`-H` defaults to $ODSGD_HOSTFILE, see odsgd.emulate):
 import argparse
 import collections
 import ctypes
+import functools
 import importlib.util
 import logging
 import os
@@ -62,6 +69,12 @@ SSH_ALIVE_SECONDS = 2
 #: variables of this machine passed to every ssh-launched process
 SSH_ENV_PREFIXES = ("DMLC_", "PS_", "MXNET_", "ODSGD_", "OMP_", "KMP_")
 SSH_ENV_NAMES = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONHASHSEED", "LD_LIBRARY_PATH")
+#: variables dmlc_tracker (or odsgd.launch) sets for each process: --env-server and
+#: --env-worker may not override them (a server told DMLC_ROLE=worker would hang the job)
+TRACKER_NAMES = ("DMLC_ROLE", "DMLC_NUM_WORKER", "DMLC_NUM_SERVER", "DMLC_PS_ROOT_URI",
+                 "DMLC_PS_ROOT_PORT", "DMLC_NODE_HOST", "DMLC_TASK_ID", "DMLC_JOB_CLUSTER")
+#: launchers for which odsgd.launch passes --env-server / --env-worker on
+ROLE_ENV_LAUNCHERS = ("local", "ssh")
 #: lines of each process's output kept for the failure report
 TAIL_LINES = 20
 #: seconds between SIGTERM and SIGKILL when the job is ended
@@ -484,14 +497,30 @@ def job_address(first_host):
         return probe.getsockname()[0]
 
 
-def _remote_env(pass_envs):
-    """dmlc_tracker.ssh.get_env, mended: this machine's job variables too, each quoted for
-    the remote shell (the whole remote command is inside single quotes)."""
+def _remote_env(pass_envs, role_env=None):
+    """dmlc_tracker.ssh.get_env, mended: this machine's job variables too, then the
+    --env-server or --env-worker values of the process's role (pass_envs['DMLC_ROLE']), then
+    dmlc_tracker's own; each quoted for the remote shell (the whole remote command is inside
+    single quotes). Each name is exported once, so no value depends on the export order."""
+    own = (role_env or {}).get(pass_envs.get("DMLC_ROLE"), {})
+    own = {k: v for k, v in own.items() if k not in pass_envs}
     names = [k for k in sorted(os.environ)
-             if (k.startswith(SSH_ENV_PREFIXES) or k in SSH_ENV_NAMES) and k not in pass_envs]
+             if (k.startswith(SSH_ENV_PREFIXES) or k in SSH_ENV_NAMES)
+             and k not in pass_envs and k not in own]
     exports = ["export %s=%s;" % (k, remote_quote(os.environ[k])) for k in names]
+    exports += ["export %s=%s;" % (k, remote_quote(v)) for k, v in own.items()]
     exports += ["export %s=%s;" % (k, remote_quote(str(v))) for k, v in pass_envs.items()]
     return " ".join(exports)
+
+
+def _with_role_env(exec_cmd, role_env):
+    """dmlc_tracker.local.exec_cmd, mended: the process's environment also holds its role's
+    --env-server or --env-worker values (over this machine's; dmlc_tracker's own win)."""
+    def exec_with_role_env(cmd, num_attempt, role, taskid, pass_env):
+        env = dict(role_env.get(role, {}))
+        env.update(pass_env)   # a copy: dmlc_tracker gives every process the same dict
+        return exec_cmd(cmd, num_attempt, role, taskid, env)
+    return exec_with_role_env
 
 
 def remote_quote(word):
@@ -505,7 +534,8 @@ def remote_quote(word):
     return '"' + re.sub(r'([\\"$`])', r"\\\1", word) + '"'
 
 
-def _mend_dmlc_tracker(launcher, deadline, hostfile=None):
+def _mend_dmlc_tracker(launcher, deadline, hostfile=None, role_env=None):
+    role_env = role_env or {}
     link_watch = None
     if launcher == "ssh" and hostfile:
         # before Popen is replaced: the `ip` these run is no process of the job
@@ -513,7 +543,7 @@ def _mend_dmlc_tracker(launcher, deadline, hostfile=None):
         from dmlc_tracker import ssh
         address = job_address(read_hostfile(hostfile)[0])
         link_watch = LinkWatch(address)
-        ssh.get_env = _remote_env
+        ssh.get_env = functools.partial(_remote_env, role_env=role_env)
         alive = float(os.environ.get("ODSGD_SSH_ALIVE_SECONDS", SSH_ALIVE_SECONDS))
         _SSH_OPTIONS = ssh_options(alive)
         LOG.info("odsgd.launch: ssh job; the scheduler binds %s", address)
@@ -531,8 +561,10 @@ def _mend_dmlc_tracker(launcher, deadline, hostfile=None):
     tracker.PSTracker.join = _wait_for_scheduler(deadline, link_watch)
     tracker.PSTracker.__init__ = _on_free_port(tracker.PSTracker.__init__)
     if launcher == "local":
+        from dmlc_tracker import local
         os.environ.setdefault("DMLC_NODE_HOST", "127.0.0.1")
         tracker.get_host_ip = lambda host_ip=None: "127.0.0.1"
+        local.exec_cmd = _with_role_env(local.exec_cmd, role_env)
 
 
 #: launch.py's options that take a value (and ours); --p3 takes none.
@@ -554,15 +586,20 @@ def split_command(argv):
 
 
 def parse_own_options(argv):
-    """Splits off this wrapper's own options (before the command). The training command goes
-    to launch.py as one quoted argument: launch.py parses with parse_known_args, which would
+    """Splits off this wrapper's own options (before the command) and --env-server /
+    --env-worker, which it passes on itself (own.role_env). The training command goes to
+    launch.py as one quoted argument: launch.py parses with parse_known_args, which would
     otherwise take the command's own -n, --num-workers, --env... for itself."""
     options, command = split_command(argv)
-    parser = argparse.ArgumentParser(add_help=False)
+    # No abbreviations: `--env` (launch.py's) would be an ambiguous prefix of --env-server.
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--job-timeout", type=float, default=None)
     parser.add_argument("--launcher", default="ssh")
     parser.add_argument("-H", "--hostfile", default=None)
+    parser.add_argument("--env-server", action="append", default=[])
+    parser.add_argument("--env-worker", action="append", default=[])
     own, rest = parser.parse_known_args(options)
+    own.role_env = role_environment(own.env_server, own.env_worker, own.launcher)
     rest += ["--launcher", own.launcher]
     if own.launcher in ("ssh", "mpi") and own.hostfile is None:
         own.hostfile = os.environ.get("ODSGD_HOSTFILE")
@@ -572,6 +609,37 @@ def parse_own_options(argv):
         quote = remote_quote if own.launcher == "ssh" else shlex.quote
         rest.append(" ".join(quote(part) for part in command))
     return own, own.launcher, rest
+
+
+def role_environment(env_server, env_worker, launcher):
+    """{'server': {NAME: VALUE}, 'worker': {...}} from the --env-server / --env-worker
+    NAME:VALUE options (the last value of a name wins). Refused, before anything starts: a
+    malformed pair, a name the tracker sets, a launcher other than local and ssh, and for ssh
+    a value the remote shell cannot be given (a single quote)."""
+    role_env = {"server": _name_values(env_server, "--env-server"),
+                "worker": _name_values(env_worker, "--env-worker")}
+    if any(role_env.values()) and launcher not in ROLE_ENV_LAUNCHERS:
+        raise SystemExit("odsgd.launch: --env-server / --env-worker are passed on with the "
+                         "local and ssh launchers only, not with --launcher %s" % launcher)
+    if launcher == "ssh":
+        for values in role_env.values():
+            for value in values.values():
+                remote_quote(value)
+    return role_env
+
+
+def _name_values(pairs, option):
+    values = {}
+    for pair in pairs:
+        name, colon, value = pair.partition(":")
+        if not colon or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise SystemExit("odsgd.launch: %s %r: give NAME:VALUE, e.g. %s OMP_NUM_THREADS:4"
+                             % (option, pair, option))
+        if name in TRACKER_NAMES:
+            raise SystemExit("odsgd.launch: %s %s: the tracker sets %s for each process"
+                             % (option, pair, name))
+        values[name] = value
+    return values
 
 
 def _keep_ctrl_c(install):
@@ -596,7 +664,7 @@ def main(argv=None):
     deadline = time.time() + own.job_timeout if own.job_timeout else None
     if launcher == "ssh" and not own.hostfile:
         raise SystemExit("odsgd.launch: --launcher ssh needs -H HOSTFILE (or ODSGD_HOSTFILE)")
-    _mend_dmlc_tracker(launcher, deadline, own.hostfile)
+    _mend_dmlc_tracker(launcher, deadline, own.hostfile, own.role_env)
 
     def on_signal(signum, _frame):
         raise JobFailed("the launcher received signal %d" % signum)

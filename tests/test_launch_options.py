@@ -1,8 +1,36 @@
-"""odsgd.launch hands the training command to MXNet's launch.py whole: launch.py parses with
-parse_known_args and would otherwise take the command's own -n / --num-workers / --env."""
+"""odsgd.launch's options: the training command goes to MXNet's launch.py whole (launch.py
+parses with parse_known_args and would otherwise take the command's own -n / --num-workers /
+--env), and --env-server / --env-worker reach the servers / the workers only (MXNet 1.9's
+launch.py hands them to dmlc_tracker, which does not know them and runs them as part of the
+command)."""
+import os
 import shlex
+import subprocess
+import sys
 
+import pytest
+
+from jobs.roles_job import read_records
+from odsgd import launch
 from odsgd.launch import parse_own_options, split_command
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROLES_JOB = os.path.join(REPO, "tests", "jobs", "roles_job.py")
+
+#: what each role must see of EMU_ROLE_VALUE and OMP_NUM_THREADS when the launcher runs with
+#: EMU_ROLE_VALUE=LAUNCHER_VALUE and OMP_NUM_THREADS=1 and ROLE_OPTIONS (shared with
+#: tests/test_emulated_cluster.py): the scheduler gets neither role's values
+SERVER_VALUE = 'server: "quoted" $HOME `true` \\ end'
+WORKER_VALUE = "worker:1 with spaces"
+LAUNCHER_VALUE = "the launcher's own"
+ROLE_OPTIONS = ["--env-server", "EMU_ROLE_VALUE:" + SERVER_VALUE,
+                "--env-worker", "EMU_ROLE_VALUE:" + WORKER_VALUE,
+                "--env-worker", "OMP_NUM_THREADS:2"]
+EXPECTED_BY_ROLE = {
+    "scheduler": [{"EMU_ROLE_VALUE": LAUNCHER_VALUE, "OMP_NUM_THREADS": "1"}],
+    "server": [{"EMU_ROLE_VALUE": SERVER_VALUE, "OMP_NUM_THREADS": "1"}],
+    "worker": [{"EMU_ROLE_VALUE": WORKER_VALUE, "OMP_NUM_THREADS": "2"}] * 2,
+}
 
 
 def test_training_command_keeps_its_own_options():
@@ -20,3 +48,64 @@ def test_split_command_skips_option_values_and_flags():
                                       "python", "-u", "x.py"])
     assert options == ["-n", "4", "--p3", "--launcher=ssh", "-H", "hosts"]
     assert command == ["python", "-u", "x.py"]
+
+
+def test_env_server_and_env_worker_are_not_handed_to_launch_py():
+    """They are odsgd.launch's to pass on; launch.py's --env stays launch.py's (no prefix
+    match with --env-server)."""
+    argv = ["-n", "1", "--launcher", "local", "--env-server", "A:1", "--env", "C",
+            "--env-worker", "B:x:y", "--env-worker", "A:2", "--env-server", "A:3", "python"]
+    own, _, rest = parse_own_options(argv)
+    assert own.role_env == {"server": {"A": "3"}, "worker": {"B": "x:y", "A": "2"}}
+    assert rest == ["-n", "1", "--env", "C", "--launcher", "local", "python"]
+
+
+@pytest.mark.parametrize("options,message", [
+    (["--env-worker", "A"], "give NAME:VALUE"),
+    (["--env-worker", "1A:x"], "give NAME:VALUE"),
+    (["--env-server", "DMLC_ROLE:worker"], "the tracker sets DMLC_ROLE"),
+    (["--env-server", "A:it's", "--launcher", "ssh", "-H", "hosts"], "single quote"),
+    (["--env-server", "A:1", "--launcher", "mpi", "-H", "hosts"], "not with --launcher mpi"),
+])
+def test_role_environment_refused_before_anything_starts(options, message):
+    with pytest.raises(SystemExit) as stop:
+        parse_own_options(["-n", "1"] + options + ["python"])
+    assert message in str(stop.value)
+
+
+def _as_remote_shell_sees(exports, names):
+    """The values a shell ends with after `exports` (bash parses the quoting, as the remote
+    shell does once ssh's outer single quotes are gone)."""
+    script = exports + " " + " ".join('printf "%%s\\0" "${%s-unset}";' % n for n in names)
+    out = subprocess.run(["bash", "-c", script], env={}, capture_output=True, text=True,
+                         check=True).stdout
+    return dict(zip(names, out.split("\0")))
+
+
+def test_remote_env_gives_each_role_its_values(monkeypatch):
+    """ssh: a role's values over this machine's, the other role's nowhere, the tracker's
+    variables untouched."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("EMU_ROLE_VALUE", LAUNCHER_VALUE)   # no forwarded prefix: stays here
+    role_env = parse_own_options(["-n", "1", "--launcher", "ssh", "-H", "h"] + ROLE_OPTIONS
+                                 + ["python"])[0].role_env
+    names = ["EMU_ROLE_VALUE", "OMP_NUM_THREADS", "DMLC_ROLE"]
+    for role, value, threads in (("server", SERVER_VALUE, "1"), ("worker", WORKER_VALUE, "2")):
+        exports = launch._remote_env({"DMLC_ROLE": role, "DMLC_NUM_WORKER": 2}, role_env)
+        assert _as_remote_shell_sees(exports, names) == {
+            "EMU_ROLE_VALUE": value, "OMP_NUM_THREADS": threads, "DMLC_ROLE": role}
+    assert "EMU_ROLE_VALUE" not in launch._remote_env({"DMLC_ROLE": "worker"}, None)
+
+
+def test_local_launcher_gives_each_role_its_values(tmp_path):
+    """--launcher local: a job of 2 workers and 1 server records what each process sees."""
+    command = [sys.executable, "-m", "odsgd.launch", "--job-timeout", "90", "-n", "2", "-s",
+               "1", "--launcher", "local"] + ROLE_OPTIONS + [
+               sys.executable, ROLES_JOB, "--out", str(tmp_path),
+               "--names", "EMU_ROLE_VALUE,OMP_NUM_THREADS"]
+    env = dict(os.environ, EMU_ROLE_VALUE=LAUNCHER_VALUE, OMP_NUM_THREADS="1",
+               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=150)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert read_records(tmp_path) == EXPECTED_BY_ROLE
