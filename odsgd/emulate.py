@@ -28,6 +28,11 @@ Also usable from Python:
 
     with EmulatedCluster(hosts=3, mbit=100) as cluster:
         subprocess.run(cluster.on_host(0, argv), env=cluster.environment())
+
+`EmulatedCluster(..., outsider=True)` also plugs an "outsider" into the switch: a namespace
+that is no host of the cluster (not in the hostfile, no sshd) with the address
+198.18.1.254/24 only, so it reaches the hosts only on addresses of 198.18.1.0/24 that
+`add_address` gives them. The tests use it to try a job's ports from outside the job.
 """
 import argparse
 import contextlib
@@ -45,6 +50,9 @@ PREFIX = "odsgd-emu"
 #: the emulated hosts' network (RFC 2544 benchmarking range), one /24 of it
 NETWORK = "198.18.0"
 PREFIX_LENGTH = 24
+#: another /24 of that range for addresses outside every job: the outsider's and the second
+#: addresses of add_address (nothing routes between it and NETWORK)
+OUTSIDE_NETWORK = "198.18.1"
 SSHD = "/usr/sbin/sshd"
 PRIVSEP_DIR = "/run/sshd"   # sshd's compiled-in privilege separation folder (Debian)
 #: seconds an sshd waits for an answer from a silent client before it ends the session (3
@@ -111,7 +119,7 @@ class EmulatedCluster(object):
     """N emulated hosts (see the module's docstring); a context manager that tears everything
     down on exit."""
 
-    def __init__(self, hosts, mbit=0, delay_ms=0, user=None):
+    def __init__(self, hosts, mbit=0, delay_ms=0, user=None, outsider=False):
         if not 1 <= hosts <= 250:
             raise EmulationError("--hosts must be between 1 and 250, not %d" % hosts)
         if mbit < 0 or delay_ms < 0:
@@ -124,6 +132,9 @@ class EmulatedCluster(object):
         self.switch = tag + "-sw"
         self.hosts = [Host(i, "%s-h%d" % (tag, i), "%s.%d" % (NETWORK, i + 1))
                       for i in range(hosts)]
+        # not in self.hosts: no sshd, not in the hostfile
+        self.outsider = (Host(hosts, tag + "-out", OUTSIDE_NETWORK + ".254")
+                         if outsider else None)
         self.folder = None
         self.namespaces = []          # created, in order
         self.hostfile = None
@@ -154,6 +165,8 @@ class EmulatedCluster(object):
         _run(_in(self.switch, "ip", "link", "set", "br0", "up"))
         for host in self.hosts:
             self._add_host(host)
+        if self.outsider is not None:
+            self._add_host(self.outsider)
         self._write_keys_and_configs()
         # sshd refuses to start without its privilege separation folder, which Debian's
         # service scripts create at boot; a freshly installed, never started openssh-server
@@ -282,6 +295,20 @@ class EmulatedCluster(object):
         """argv that runs `argv` on host `index`."""
         return _in(self.hosts[index].netns, *argv)
 
+    def on_outsider(self, argv):
+        """argv that runs `argv` in the outsider's namespace (outsider=True)."""
+        if self.outsider is None:
+            raise EmulationError("this cluster has no outsider; create it with outsider=True")
+        return _in(self.outsider.netns, *argv)
+
+    def add_address(self, index, address):
+        """Gives host `index` a second address on its NIC, `address`/24, e.g. one of
+        OUTSIDE_NETWORK: an address of the host that no job of the hostfile binds. It goes
+        with the host's namespace at teardown."""
+        host = self.hosts[index]
+        _run(["ip", "-n", host.netns, "addr", "add", "%s/%d" % (address, PREFIX_LENGTH),
+              "dev", host.interface])
+
     def host_of(self, address):
         for host in self.hosts:
             if host.address == address:
@@ -389,20 +416,29 @@ def _kill_all_in(netns, timeout=5.0):
             return
 
 
-def leftovers():
+def leftovers(ignore_creators=()):
     """What any emulated cluster of this machine left behind: namespaces, processes in them,
-    temporary folders (empty when everything was torn down)."""
+    temporary folders (empty when everything was torn down). Clusters made by a process of
+    `ignore_creators` are left out (one that still runs, e.g. a benchmark beside the tests,
+    owns them)."""
     found = []
     names = _run(["ip", "netns", "list"], check=False).stdout.split("\n")
     for line in names:
         name = line.split(" ")[0]
-        if name.startswith(PREFIX):
+        if name.startswith(PREFIX) and creator_pid(name) not in ignore_creators:
             found.append("namespace %s (processes %s)" % (name, namespace_pids(name)))
     for base in ("/run", tempfile.gettempdir()):
         for entry in os.listdir(base):
-            if entry.startswith(PREFIX):
+            if entry.startswith(PREFIX) and creator_pid(entry) not in ignore_creators:
                 found.append("folder %s" % os.path.join(base, entry))
     return found
+
+
+def creator_pid(name):
+    """The pid of the process that made the namespace or folder `name` (PREFIX-<pid>-...), or
+    None (the throwaway netem probe's name has none)."""
+    field = name[len(PREFIX) + 1:].split("-")[0]
+    return int(field) if field.isdigit() else None
 
 
 SSHD_CONFIG = """\

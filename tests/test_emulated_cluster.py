@@ -2,7 +2,10 @@
 key-only sshd each, and odsgd.launch's ssh launcher across them.
 
 Needs root and openssh-server; skipped with the reason where either is missing. After every
-test no namespace, sshd, process or key folder of the emulation is left (asserted)."""
+test no namespace, sshd, process or key folder of the emulation is left (asserted; clusters
+of other processes that were running before the test, e.g. a benchmark, excepted)."""
+import contextlib
+import json
 import os
 import queue
 import re
@@ -15,8 +18,10 @@ import time
 import numpy as np
 import pytest
 
+from jobs.roles_job import read_records
 from odsgd import emulate
 from quadratic_simulation import assert_matches, simulate
+from test_launch_options import EXPECTED_BY_ROLE, LAUNCHER_VALUE, ROLE_OPTIONS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOBS = os.path.join(REPO, "tests", "jobs")
@@ -33,13 +38,25 @@ pytestmark = [pytest.mark.skipif(MISSING is not None, reason=str(MISSING)),
 
 @pytest.fixture(autouse=True)
 def nothing_left_behind():
+    # Clusters of other processes that ran before the test (a benchmark beside the tests)
+    # are theirs; everything else, this test's subprocesses' included, must be gone.
+    others = _other_live_creators()
     yield
-    assert emulate.leftovers() == []
-    assert _emulated_sshds() == []
+    assert emulate.leftovers(ignore_creators=others) == []
+    assert _emulated_sshds(ignore_creators=others) == []
 
 
-def _emulated_sshds():
-    """Pids of sshd processes started with a configuration of an emulated cluster."""
+def _other_live_creators():
+    """Pids of the live processes other than this one whose emulated clusters exist now."""
+    creators = {emulate.creator_pid(os.path.basename(entry.split()[1]))
+                for entry in emulate.leftovers()}
+    return {pid for pid in creators
+            if pid is not None and pid != os.getpid() and os.path.exists("/proc/%d" % pid)}
+
+
+def _emulated_sshds(ignore_creators=()):
+    """Pids of sshd processes started with a configuration of an emulated cluster (but not of
+    a cluster made by a process of `ignore_creators`)."""
     found = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():
@@ -48,7 +65,9 @@ def _emulated_sshds():
                     command = f.read().decode("utf-8", "replace")
             except OSError:
                 continue
-            if "sshd" in command and emulate.PREFIX in command:
+            creator = re.search(re.escape(emulate.PREFIX) + r"-(\d+)-", command)
+            if ("sshd" in command and creator
+                    and int(creator.group(1)) not in ignore_creators):
                 found.append(int(pid))
     return found
 
@@ -76,12 +95,15 @@ def job_environment(cluster, extra=None):
 
 
 class Launched(object):
-    """odsgd.launch started on host 0 of `cluster`, its output read line by line."""
+    """odsgd.launch started on host 0 of `cluster`, its output read line by line; `options`
+    go to the launcher, before the job's command."""
 
-    def __init__(self, cluster, script, args, workers, servers, timeout, env=None):
+    def __init__(self, cluster, script, args, workers, servers, timeout, env=None,
+                 options=()):
         command = [sys.executable, "-m", "odsgd.launch", "--job-timeout", str(timeout),
                    "--launcher", "ssh", "-H", cluster.hostfile, "-n", str(workers),
-                   "-s", str(servers), sys.executable, os.path.join(JOBS, script)]
+                   "-s", str(servers)] + list(options)
+        command += [sys.executable, os.path.join(JOBS, script)]
         command += [str(a) for a in args]
         self.timeout = timeout
         self.process = subprocess.Popen(cluster.on_host(0, command), cwd=REPO,
@@ -243,6 +265,114 @@ def test_quadratic_job_on_three_hosts_matches_numpy(tmp_path):
     results = [dict(np.load(tmp_path / ("rank%d.npz" % r))) for r in range(2)]
     history, W = simulate(2, **{k: v for k, v in options.items() if k != "steps"}, steps=6)
     assert_matches(results, history, W)
+
+
+@pytest.mark.timeout(120)
+def test_env_server_and_env_worker_reach_their_roles_only(tmp_path):
+    """--env-server / --env-worker through the ssh launcher (3 hosts: scheduler and server on
+    host 0, a worker on hosts 1 and 2): each remote process records, before it imports
+    mxnet, what it sees. Servers see the --env-server value, workers the --env-worker values
+    (over this machine's OMP_NUM_THREADS=1), each exactly as given through two shells; the
+    scheduler, on the launching host, neither."""
+    with emulate.EmulatedCluster(hosts=3) as cluster:
+        job = Launched(cluster, "roles_job.py",
+                       ["--out", tmp_path, "--names", "EMU_ROLE_VALUE,OMP_NUM_THREADS"],
+                       workers=2, servers=1, timeout=90, options=ROLE_OPTIONS,
+                       env={"EMU_ROLE_VALUE": LAUNCHER_VALUE, "OMP_NUM_THREADS": "1"})
+        code = job.wait()
+        output = job.output()
+        assert code == 0, output[-6000:]
+        for label in (r"started server 0 on 198\.18\.0\.1", r"started worker \d on 198\.18\.0\.2",
+                      r"started worker \d on 198\.18\.0\.3"):
+            assert re.search(label, output), output[-6000:]
+        assert _wait_until_no_job_processes(cluster) == {}
+    assert read_records(tmp_path) == EXPECTED_BY_ROLE
+
+
+def _job_ports(cluster, index):
+    """{port: DMLC_ROLE of the listening process} of the TCP listeners on host `index` other
+    than sshd's port 22."""
+    out = subprocess.run(cluster.on_host(index, ["ss", "-ltnpH"]), capture_output=True,
+                         text=True, check=True).stdout
+    ports = {}
+    for line in out.splitlines():
+        port = int(line.split()[3].rsplit(":", 1)[1])
+        pid = re.search(r"pid=(\d+)", line)
+        if port != 22 and pid:
+            ports[port] = _environment_of(int(pid.group(1))).get("DMLC_ROLE")
+    return ports
+
+
+def _environment_of(pid):
+    with open("/proc/%d/environ" % pid, "rb") as f:
+        pairs = [item.decode("utf-8", "replace").partition("=") for item in f.read().split(b"\0")]
+    return {name: value for name, _, value in pairs if name}
+
+
+def _connect(argv_in_namespace, address, ports):
+    """{port: outcome} of TCP connections to `address` made inside a namespace
+    (tests/jobs/ports.py: connected, refused, timeout or an errno name)."""
+    script = os.path.join(JOBS, "ports.py")
+    out = subprocess.run(argv_in_namespace([sys.executable, script, "connect", address]
+                                           + [str(p) for p in ports]),
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    return {int(port): outcome for port, outcome in json.loads(out).items()}
+
+
+@contextlib.contextmanager
+def _wildcard_listener(cluster, index):
+    """A listener of the test on 0.0.0.0 of host `index`, as a job bound to every address
+    would listen; yields its port."""
+    process = subprocess.Popen(cluster.on_host(index, [sys.executable,
+                                                       os.path.join(JOBS, "ports.py"),
+                                                       "listen", "0.0.0.0"]),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        yield int(process.stdout.readline())
+    finally:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.timeout(120)
+def test_job_ports_refuse_connections_from_outside_the_job(tmp_path):
+    """While a job runs (scheduler and server on host 0, workers on hosts 1 and 2), every job
+    port of host 0 accepts a TCP connection at the job's address from a job host, and refuses
+    one at 127.0.0.1 on host 0 and at a second address of host 0 (198.18.1.1) from an outsider
+    namespace on the same switch. A listener of the test bound to 0.0.0.0 on host 0 connects
+    on both: what a job bound to every address would do."""
+    second = emulate.OUTSIDE_NETWORK + ".1"
+    release = tmp_path / "release"
+    records = tmp_path / "records"
+    records.mkdir()
+    with emulate.EmulatedCluster(hosts=3, outsider=True) as cluster:
+        cluster.add_address(0, second)   # before the job starts: a wildcard bind would take it
+        job = Launched(cluster, "roles_job.py",
+                       ["--out", records, "--names", "DMLC_PS_ROOT_PORT", "--hold", release],
+                       workers=2, servers=1, timeout=90)
+        try:
+            job.wait_for(r"\[worker \d on 198\.18\.0\.2\] worker \d ready", 60)
+            job.wait_for(r"\[worker \d on 198\.18\.0\.3\] worker \d ready", 30)
+            ports = _job_ports(cluster, 0)
+            with _wildcard_listener(cluster, 0) as wildcard_port:
+                job_host = _connect(lambda argv: cluster.on_host(1, argv),
+                                    cluster.hosts[0].address, ports)
+                loopback = _connect(lambda argv: cluster.on_host(0, argv), "127.0.0.1",
+                                    list(ports) + [wildcard_port])
+                outside = _connect(cluster.on_outsider, second, list(ports) + [wildcard_port])
+        finally:
+            release.touch()   # the workers exit, and the job ends
+        code = job.wait()
+        assert code == 0, job.output()[-6000:]
+    scheduler_port = int(read_records(records)["worker"][0]["DMLC_PS_ROOT_PORT"])
+    assert sorted(ports.values()) == ["scheduler", "server"], ports
+    assert ports[scheduler_port] == "scheduler", ports
+    assert job_host == {port: "connected" for port in ports}
+    refused_but_wildcard = {**{port: "refused" for port in ports}, wildcard_port: "connected"}
+    assert loopback == refused_but_wildcard
+    assert outside == refused_but_wildcard
+    print("job ports %s: connected from host 1 at %s, refused at 127.0.0.1 and at %s"
+          % (ports, cluster.hosts[0].address, second))
 
 
 # -- faults ---------------------------------------------------------------------------------
