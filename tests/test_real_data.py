@@ -189,3 +189,95 @@ def test_time_to_accuracy_on_tiny_data(tmp_path, capsys):
         runs["dist_sync"]["train_seconds"] + 1e-9
     assert os.path.exists(tmp_path / "time_to_accuracy.png")
     assert "dist_odsgd" in capsys.readouterr().out
+
+
+def test_study_interleaves_modes_seed_by_seed():
+    from odsgd.bench import time_to_accuracy
+    plan = time_to_accuracy.interleaved_plan(["a", "b", "c"], [0, 1, 2, 3])
+    assert plan == [("a", 0), ("b", 0), ("c", 0), ("b", 1), ("c", 1), ("a", 1),
+                    ("c", 2), ("a", 2), ("b", 2), ("a", 3), ("b", 3), ("c", 3)]
+
+
+def test_balanced_bandwidth_per_topology():
+    """One step at t_comp = 0.1 s: LeNet's 431,080 float32 parameters, 2 workers. On one
+    loopback all 4 transfers share the bucket; on hosts the server's NIC carries the 2 pushes
+    in while it sends the 2 pulls out, so a direction carries 2 transfers (half as much)."""
+    from odsgd.bench import time_to_accuracy
+    bits = 431080 * 4 * 8
+    assert time_to_accuracy.balanced_bandwidth(0.1, 2) == round(4 * bits / 0.1 / 1e6)
+    assert time_to_accuracy.balanced_bandwidth(0.1, 2, 1, "hosts") == round(2 * bits / 0.1 / 1e6)
+    assert time_to_accuracy.balanced_bandwidth(0.1, 2, 2, "hosts") == round(bits / 0.1 / 1e6)
+
+
+def _local_image_job(tmp_path, name, extra):
+    path = tmp_path / (name + ".json")
+    subprocess.run([sys.executable, "-m", "odsgd.bench.image_job", "--kvstore", "local",
+                    "--dataset", _data_set(), "--train-subset", "512", "--test-subset", "500",
+                    "--num-epochs", "3", "--batch-size", "32", "--momentum", "0",
+                    "--json", str(path)] + extra,
+                   check=True, timeout=120, capture_output=True, cwd=REPO,
+                   env=dict(os.environ, OMP_NUM_THREADS="1"))   # one thread: repeatable sums
+    with open(path) as f:
+        return [h["test_accuracy"] for h in json.load(f)["history"]]
+
+
+@pytest.mark.timeout(200)
+def test_image_job_step_schedule_decays_at_the_given_epochs(tmp_path):
+    """With --lr-decay 0 at epoch 2 and no momentum the rate is 0 from there on (from the
+    epoch's last update: GluonCV's schedules read MXNet's 1-based update count as their
+    0-based iteration), so epoch 1 is trained as without decay, and the weights (and the
+    accuracy) after epochs 2 and 3 are the same; with the rate kept, epoch 3 moves them."""
+    frozen = _local_image_job(tmp_path, "frozen", ["--lr-mode", "step", "--lr-decay", "0",
+                                                   "--lr-decay-epoch", "2"])
+    kept = _local_image_job(tmp_path, "kept", ["--lr-mode", "step"])
+    assert len(frozen) == len(kept) == 3
+    assert frozen[0] == kept[0]
+    assert frozen[1] == frozen[2]
+    assert kept[2] != frozen[2]
+
+
+def test_image_job_refuses_decay_epochs_without_step_mode():
+    completed = subprocess.run([sys.executable, "-m", "odsgd.bench.image_job", "--kvstore",
+                                "local", "--lr-decay-epoch", "2"],
+                               capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert completed.returncode == 2
+    assert "--lr-decay-epoch needs --lr-mode step" in completed.stderr
+
+
+def _emulation_missing():
+    from odsgd import emulate
+    try:
+        emulate.require_root_and_sshd()
+    except emulate.EmulationError as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.skipif(_emulation_missing() is not None, reason=str(_emulation_missing()))
+@pytest.mark.timeout(300)
+def test_time_to_accuracy_on_emulated_hosts(tmp_path):
+    """`--topology hosts`: each job's server and workers on emulated hosts of their own, the
+    NICs shaped; the curves are the jobs' own and nothing of the emulation is left."""
+    from odsgd import emulate
+    from odsgd.bench import time_to_accuracy
+    # clusters of a benchmark running beside the tests are its own; this process's must go
+    others = {emulate.creator_pid(e.split()[1].rsplit("/", 1)[-1])
+              for e in emulate.leftovers()} - {os.getpid()}
+    code = time_to_accuracy.main(
+        ["--dataset", _data_set(), "--modes", "dist_sync,dist_odsgd", "--seeds", "0",
+         "--topology", "hosts", "--bandwidth-mbit", "200", "--epochs", "2",
+         "--train-subset", "512", "--test-subset", "500", "--batch-size", "32",
+         "--eval-interval", "4", "--lr-mode", "step", "--lr-decay-epoch", "1",
+         "--timeout", "150", "--out", str(tmp_path)])
+    assert code == 0
+    assert emulate.leftovers(ignore_creators=others) == []
+    with open(tmp_path / "time_to_accuracy.json") as f:
+        report = json.load(f)
+    assert report["topology"] == "hosts" and report["lr_decay_epoch"] == "1"
+    block = report["summary"]["200"]
+    for run in report["runs"]:
+        assert run["topology"] == "hosts" and run["steps"] == 16
+        assert [h["step"] for h in run["history"]] == [4, 8, 12, 16]
+        curve = [(p["train_seconds"], p["test_accuracy"]) for p in run["history"]]
+        assert block["modes"][run["mode"]]["seconds_to_target_per_seed"] == \
+            [_first_at_or_above(curve, block["target"])]

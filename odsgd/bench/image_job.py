@@ -44,6 +44,10 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--lr-mode", choices=schedule.MODES, default="cosine",
                    help="schedule of the global rate over the run (the servers run it)")
+    p.add_argument("--lr-decay", type=float, default=0.1, help="step mode: the factor")
+    p.add_argument("--lr-decay-epoch", default="",
+                   help="step mode: comma-separated epochs at which the rate is multiplied "
+                   "by --lr-decay")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--wd", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=0)
@@ -58,6 +62,12 @@ def parse_args(argv=None):
     for name in ("num_epochs", "batch_size"):
         if getattr(args, name) < 1:
             p.error("--%s must be >= 1" % name.replace("_", "-"))
+    try:
+        args.lr_decay_epoch = schedule.parse_epochs(args.lr_decay_epoch)
+    except ValueError:
+        p.error("--lr-decay-epoch takes comma-separated whole epochs, e.g. 2,3")
+    if args.lr_decay_epoch and args.lr_mode != "step":
+        p.error("--lr-decay-epoch needs --lr-mode step")
     return args
 
 
@@ -132,7 +142,9 @@ def train(args):
     net = build_net(args.seed)
     evaluation = EvaluationNet(make_net, [mx.cpu()], "float32")
     iters = schedule.iterations_per_epoch(steps_per_epoch, workers, args.kvstore)
-    lr_schedule = schedule.build_schedule(args.lr, args.lr_mode, args.num_epochs, iters)
+    lr_schedule = schedule.build_schedule(args.lr, args.lr_mode, args.num_epochs, iters,
+                                          lr_decay=args.lr_decay,
+                                          lr_decay_epoch=args.lr_decay_epoch)
     trainer = mx.gluon.Trainer(net.collect_params(), "sgd",
                                {"learning_rate": args.lr, "momentum": args.momentum,
                                 "wd": args.wd, "lr_scheduler": lr_schedule}, kvstore=kv)
@@ -184,7 +196,8 @@ def train(args):
               "seed": args.seed, "workers": workers, "batch_size": args.batch_size,
               "epochs": args.num_epochs, "train_images": train_size,
               "test_images": len(X_test), "steps": steps, "lr": args.lr,
-              "lr_mode": args.lr_mode, "momentum": args.momentum, "wd": args.wd,
+              "lr_mode": args.lr_mode, "lr_decay_epoch": args.lr_decay_epoch,
+              "momentum": args.momentum, "wd": args.wd,
               "final_test_accuracy": history[-1]["test_accuracy"] if history else None,
               "history": history, "train_seconds": clock.train_seconds,
               "samples_per_sec": samples / clock.train_seconds,

@@ -155,3 +155,34 @@ def loopback_link(bandwidth_mbit):
     else:
         with shaped_namespace(bandwidth_mbit) as name:
             yield name
+
+
+TOPOLOGIES = ("loopback", "hosts")
+TOPOLOGY_HELP = ("loopback: every process on one loopback, shaped as a whole; hosts: one "
+                 "emulated host per server and per worker (odsgd.emulate, root and sshd), each "
+                 "NIC shaped to the bandwidth, the ssh launcher across them")
+
+
+@contextlib.contextmanager
+def job_placement(topology, bandwidth_mbit, workers, servers):
+    """Where the jobs of one bandwidth run, as run_job's keyword arguments: {'netns': ...}
+    on one (shaped) loopback, or {'hosts': ...} on emulated hosts, one per process."""
+    if topology == "hosts":
+        with emulated_hosts(bandwidth_mbit, servers + workers) as cluster:
+            yield {"hosts": cluster}
+    elif topology == "loopback":
+        with loopback_link(bandwidth_mbit) as netns:
+            yield {"netns": netns}
+    else:
+        raise ValueError("topology must be one of %s, got %r" % (", ".join(TOPOLOGIES),
+                                                                  topology))
+
+
+def step_wire_bits(topology, workers, servers, parameter_bytes):
+    """Bits that one global step puts through the busiest shaped queue. Every worker pushes
+    and pulls every parameter once a step. loopback: all of it goes through the one bucket;
+    hosts: each server's NIC carries its share of every worker's pushes in and of their
+    pulls out, both directions at once, so one direction's share counts."""
+    if topology == "loopback":
+        return 2 * workers * parameter_bytes * 8
+    return workers * parameter_bytes * 8 / servers

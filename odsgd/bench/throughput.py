@@ -22,7 +22,6 @@ Writes a table to the console, --json FILE (key "runs", one entry per mode and b
 a PNG plot beside it.
 """
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -31,7 +30,8 @@ import tempfile
 import time
 
 from .cpu_meter import JobCPUMeter
-from .jobs import run_job, loopback_link, emulated_hosts, JobFailed, job_environment
+from .jobs import (TOPOLOGIES, TOPOLOGY_HELP, JobFailed, job_environment, job_placement,
+                   run_job, step_wire_bits)
 from .throughput_job import MODEL_HELP
 
 MODES = ("dist_sync", "dist_async", "dist_odsgd")
@@ -51,10 +51,7 @@ def parse_args(argv=None):
     p.add_argument("--servers", type=int, default=1)
     p.add_argument("--bandwidth-mbit", default="0,1000,2000,4000",
                    help="comma-separated list; 0 = unshaped loopback")
-    p.add_argument("--topology", choices=["loopback", "hosts"], default="loopback",
-                   help="loopback: every process on one loopback, shaped as a whole; hosts: "
-                   "one emulated host per server and per worker (odsgd.emulate, root and "
-                   "sshd), each NIC shaped to the bandwidth, the ssh launcher across them")
+    p.add_argument("--topology", choices=TOPOLOGIES, default="loopback", help=TOPOLOGY_HELP)
     p.add_argument("--steps", type=int, default=30, help="timed steps per run")
     p.add_argument("--skip", type=int, default=8, help="untimed steps before timing")
     p.add_argument("--repeats", type=int, default=3)
@@ -149,17 +146,6 @@ def measure_mode(args, mode, place):
     return sum(r["samples_per_sec"] for r in ranks), overlap or None, cores
 
 
-@contextlib.contextmanager
-def _place(args, bandwidth):
-    """Where the jobs of one bandwidth run: run_job's keyword (netns= or hosts=)."""
-    if args.topology == "hosts":
-        with emulated_hosts(bandwidth, args.servers + args.workers) as cluster:
-            yield {"hosts": cluster}
-    else:
-        with loopback_link(bandwidth) as netns:
-            yield {"netns": netns}
-
-
 def run(args):
     compute = measure_compute(args)
     t_comp = compute["t_comp"]
@@ -171,7 +157,7 @@ def run(args):
         samples = {mode: [] for mode in args.mode_list}
         cores = {mode: [] for mode in args.mode_list}
         overlaps = []
-        with _place(args, bandwidth) as place:
+        with job_placement(args.topology, bandwidth, args.workers, args.servers) as place:
             t_comm = measure_comm(args, place)
             print("[%s] t_comm = %.1f ms per step" % (_bw(bandwidth), 1e3 * t_comm), flush=True)
             for repeat in range(args.repeats):
@@ -227,13 +213,8 @@ def cpu_summary(rates, cores_per_repeat, cores, per_step, wire_seconds):
 def _summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores):
     per_step = args.workers * args.batch_size
     t_comp = compute["t_comp"]
-    # Every worker pushes and pulls every parameter once a step. loopback: all of it through
-    # the one bucket; hosts: each server's NIC carries its share of every worker's pushes in
-    # and of their pulls out, both directions at once.
-    if args.topology == "loopback":
-        wire_bits = 2 * args.workers * compute["parameter_bytes"] * 8
-    else:
-        wire_bits = args.workers * compute["parameter_bytes"] * 8 / args.servers
+    wire_bits = step_wire_bits(args.topology, args.workers, args.servers,
+                               compute["parameter_bytes"])
     wire_seconds = wire_bits / (bandwidth * 1e6) if bandwidth else None
     runs = []
     for mode, rates in samples.items():

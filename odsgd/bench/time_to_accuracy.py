@@ -1,15 +1,19 @@
 """`python -m odsgd.bench time-to-accuracy`: test accuracy against training wall time of
 dist_sync, dist_async and dist_odsgd on real images (odsgd.bench.image_job: LeNet on
 Fashion-MNIST or MNIST-5k), each (bandwidth, mode, seed) a job of 2 workers + 1 server
-through odsgd.launch, one job at a time, inside a network namespace whose loopback is shaped
-to the bandwidth (0: unshaped, no namespace).
+through odsgd.launch, one job at a time, either inside a network namespace whose loopback is
+shaped to the bandwidth (--topology loopback; 0: unshaped, no namespace) or on emulated hosts,
+one per server and per worker, each NIC shaped to the bandwidth (--topology hosts).
 
     python -m odsgd.bench time-to-accuracy --bandwidth-mbit auto,0 --seeds 0,1,2 \\
         --out results/time_to_accuracy
 
 `auto` is the bandwidth at which one step's traffic takes as long on the wire as one step's
 computation (t_comm = t_comp): t_comp is measured first (one process, no kvstore), and a step
-moves every parameter once up and once down per worker through the one shaped loopback.
+moves every parameter once up and once down per worker (on loopback all of it through the one
+shaped bucket; on hosts the server's NIC carries every worker's push in and pull out at once).
+The seeds run in turn, each seed's modes in a rotated order, so that a slow spell of the
+machine does not fall on one mode's runs only.
 Modes as in `odsgd.bench convergence` (`dist_odsgd` = the store's defaults; `odsgd:NAME=VALUE,
 ...` for other settings).
 
@@ -28,7 +32,9 @@ import time
 from statistics import mean
 
 from odsgd.bench import convergence
-from odsgd.bench.jobs import REPO, JobFailed, job_environment, loopback_link, run_job
+from odsgd.bench.jobs import (REPO, TOPOLOGIES, TOPOLOGY_HELP, JobFailed, job_environment,
+                              job_placement, run_job, step_wire_bits)
+from odsgd.training import schedule
 
 DEFAULT_MODES = "dist_sync,dist_async,dist_odsgd"
 PARAMETERS = 431080          # odsgd.bench.image_job.make_net()
@@ -47,12 +53,17 @@ def parse_args(argv=None):
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--bandwidth-mbit", default="auto,0",
                    help="comma separated Mbit/s; 0 = unshaped; auto = t_comm equal to t_comp")
+    p.add_argument("--topology", choices=TOPOLOGIES, default="loopback", help=TOPOLOGY_HELP)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--train-subset", type=int, default=0, help="first N training images")
     p.add_argument("--test-subset", type=int, default=0, help="first N test images")
     p.add_argument("--batch-size", type=int, default=128, help="per worker")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--lr-mode", choices=schedule.MODES, default="cosine",
+                   help="the global rate's schedule over the run")
+    p.add_argument("--lr-decay-epoch", default="",
+                   help="step mode: comma-separated epochs at which the rate falls tenfold")
     p.add_argument("--eval-interval", type=int, default=0,
                    help="global steps between evaluations (0: every epoch)")
     p.add_argument("--workers", type=int, default=2)
@@ -75,6 +86,11 @@ def parse_args(argv=None):
             p.error("--bandwidth-mbit: %r is neither a number >= 0 nor auto" % b)
     if any(b not in ("auto", "0") for b in args.bandwidths) and os.geteuid() != 0:
         p.error("shaped bandwidths need root (network namespaces); use --bandwidth-mbit 0")
+    if args.topology == "hosts" and os.geteuid() != 0:
+        p.error("--topology hosts needs root (network namespaces and sshd); use --topology "
+                "loopback")
+    if args.lr_decay_epoch and args.lr_mode != "step":
+        p.error("--lr-decay-epoch needs --lr-mode step")
     if args.dataset is None:
         from odsgd.training import image_datasets
         args.dataset = image_datasets.default_dataset()
@@ -92,16 +108,20 @@ def job_arguments(args, kvstore, seed):
             "--dataset", args.dataset, "--num-epochs", args.epochs,
             "--train-subset", args.train_subset, "--test-subset", args.test_subset,
             "--batch-size", args.batch_size, "--lr", args.lr, "--momentum", args.momentum,
-            "--eval-interval", args.eval_interval] + extra
+            "--lr-mode", args.lr_mode, "--eval-interval", args.eval_interval] + extra + (
+                ["--lr-decay-epoch", args.lr_decay_epoch] if args.lr_decay_epoch else [])
 
 
-def run_image_job(module_args, workers, servers, timeout, env=None, netns=None, show=None):
-    """Runs one odsgd.bench.image_job; returns rank 0's JSON."""
+def run_image_job(module_args, workers, servers, timeout, env=None, netns=None, show=None,
+                  hosts=None):
+    """Runs one odsgd.bench.image_job (on loopback, in `netns` if given, or across the
+    emulated `hosts`); returns rank 0's JSON."""
     env = dict(env or {}, OMP_NUM_THREADS="1")
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "result.json")
         run_job(list(module_args) + ["--json", path], workers=workers, servers=servers,
-                timeout=timeout, env=env, netns=netns, show=show, stall_timeout=300)
+                timeout=timeout, env=env, netns=netns, show=show, stall_timeout=300,
+                hosts=hosts)
         with open(path) as f:
             return json.load(f)
 
@@ -123,11 +143,21 @@ def measure_compute_seconds(args):
     return result["train_seconds"] / result["steps"]
 
 
-def balanced_bandwidth(t_comp, workers):
-    """Mbit/s at which one step's traffic (each worker pushes and pulls every parameter, all
-    through the one shaped loopback) takes t_comp on the wire."""
-    bits = 2 * workers * PARAMETERS * BYTES_PER_VALUE * 8
+def balanced_bandwidth(t_comp, workers, servers=1, topology="loopback"):
+    """Mbit/s at which one step's traffic through the busiest shaped queue (jobs.step_wire_bits)
+    takes t_comp on the wire."""
+    bits = step_wire_bits(topology, workers, servers, PARAMETERS * BYTES_PER_VALUE)
     return max(1, int(round(bits / t_comp / 1e6)))
+
+
+def interleaved_plan(modes, seeds):
+    """(mode, seed) pairs: seed by seed, each seed's modes rotated by one more place, so
+    that no mode always runs first or last."""
+    plan = []
+    for i, seed in enumerate(seeds):
+        shift = i % len(modes)
+        plan.extend((mode, seed) for mode in modes[shift:] + modes[:shift])
+    return plan
 
 
 def seconds_to_target(history, target):
@@ -253,50 +283,68 @@ def run_all(args):
     for b in args.bandwidths:
         if b == "auto":
             compute = measure_compute_seconds(args)
-            b = balanced_bandwidth(compute, args.workers)
+            b = balanced_bandwidth(compute, args.workers, args.servers, args.topology)
             print("t_comp = %.1f ms per step (batch %d, one process): t_comm = t_comp at "
-                  "%d Mbit/s" % (1e3 * compute, args.batch_size, b), flush=True)
+                  "%d Mbit/s on %s" % (1e3 * compute, args.batch_size, b, args.topology),
+                  flush=True)
         bandwidths.append(int(b))
-    plan = [(b, m, s) for b in bandwidths for m in args.modes for s in args.seeds]
-    for number, (bandwidth, mode, seed) in enumerate(plan, 1):
-        kvstore, env = job_mode(mode)
-        record = {"bandwidth_mbit": bandwidth, "mode": mode, "seed": seed}
-        try:
-            with loopback_link(bandwidth) as netns:
-                tic = time.time()
-                result = run_image_job(job_arguments(args, kvstore, seed), args.workers,
-                                       args.servers, args.timeout, env=env, netns=netns)
-            record.update({k: result[k] for k in (
-                "final_test_accuracy", "history", "samples_per_sec", "train_seconds",
-                "steps", "train_images", "test_images", "store")})
-            record["job_seconds"] = time.time() - tic
-            line = "%.2f%% after %.1f s training, %.0f samples/s" % (
-                100 * record["final_test_accuracy"], record["train_seconds"],
-                record["samples_per_sec"])
-        except JobFailed as failure:
-            record["error"] = str(failure)[-2000:]
-            line = "FAILED: %s" % str(failure).splitlines()[0]
-        runs.append(record)
-        print("[%d/%d] %s %-12s seed %d: %s" % (
-            number, len(plan), "%5d Mbit/s" % bandwidth if bandwidth else "  unshaped ",
-            mode, seed, line), flush=True)
+    plan = interleaved_plan(args.modes, args.seeds)
+    number, total = 0, len(plan) * len(bandwidths)
+    for bandwidth in bandwidths:
+        # One link (a shaped namespace, or a set of emulated hosts) for all of a bandwidth's
+        # jobs, one job at a time.
+        with job_placement(args.topology, bandwidth, args.workers, args.servers) as place:
+            for mode, seed in plan:
+                number += 1
+                record = run_one(args, bandwidth, mode, seed, place)
+                runs.append(record)
+                line = ("FAILED: %s" % record["error"].splitlines()[0]) if "error" in record \
+                    else "%.2f%% after %.1f s training, %.0f samples/s" % (
+                        100 * record["final_test_accuracy"], record["train_seconds"],
+                        record["samples_per_sec"])
+                print("[%d/%d] %s %-12s seed %d: %s" % (
+                    number, total, "%5d Mbit/s" % bandwidth if bandwidth else "  unshaped ",
+                    mode, seed, line), flush=True)
     return runs, compute, bandwidths
+
+
+def run_one(args, bandwidth, mode, seed, place):
+    """One job's record: its curve and speed, or 'error'."""
+    kvstore, env = job_mode(mode)
+    record = {"bandwidth_mbit": bandwidth, "topology": args.topology, "mode": mode,
+              "seed": seed}
+    tic = time.time()
+    try:
+        result = run_image_job(job_arguments(args, kvstore, seed), args.workers, args.servers,
+                               args.timeout, env=env, **place)
+    except JobFailed as failure:
+        record["error"] = str(failure)[-2000:]
+        return record
+    record.update({k: result[k] for k in (
+        "final_test_accuracy", "history", "samples_per_sec", "train_seconds", "steps",
+        "train_images", "test_images", "store")})
+    record["job_seconds"] = time.time() - tic
+    return record
 
 
 def main(argv=None):
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     tic = time.time()
-    print("time to accuracy: %s, modes %s, seeds %s, %d epochs, bandwidths %s"
-          % (args.dataset, "; ".join(args.modes), ",".join(map(str, args.seeds)), args.epochs,
-             ",".join(args.bandwidths)), flush=True)
+    print("time to accuracy: %s, modes %s, seeds %s, %d epochs, %s schedule%s, bandwidths %s "
+          "on %s" % (args.dataset, "; ".join(args.modes), ",".join(map(str, args.seeds)),
+                     args.epochs, args.lr_mode, " (decay at epochs %s)" % args.lr_decay_epoch
+                     if args.lr_decay_epoch else "", ",".join(args.bandwidths), args.topology),
+          flush=True)
     runs, compute, bandwidths = run_all(args)
     summary = summarize(runs)
     report = {"command": "python -m odsgd.bench time-to-accuracy " + " ".join(
                   sys.argv[1:] if argv is None else argv),
               "dataset": args.dataset, "model": "lenet", "modes": args.modes,
               "seeds": args.seeds, "epochs": args.epochs, "batch_size": args.batch_size,
-              "lr": args.lr, "momentum": args.momentum, "train_subset": args.train_subset,
+              "lr": args.lr, "momentum": args.momentum, "lr_mode": args.lr_mode,
+              "lr_decay_epoch": args.lr_decay_epoch, "topology": args.topology,
+              "train_subset": args.train_subset,
               "test_subset": args.test_subset, "workers": args.workers,
               "servers": args.servers, "t_comp": compute, "bandwidths_mbit": bandwidths,
               "total_seconds": time.time() - tic, "runs": runs, "summary": summary}
@@ -304,7 +352,8 @@ def main(argv=None):
     with open(json_path, "w") as f:
         json.dump(report, f, indent=1)
     png = plot(runs, summary, os.path.join(args.out, "time_to_accuracy.png"),
-               "LeNet on %s" % args.dataset)
+               "LeNet on %s%s" % (args.dataset, ", emulated hosts"
+                                  if args.topology == "hosts" else ""))
     print(markdown_table(summary))
     print("\nwrote %s%s (%.0f s)" % (json_path, " and %s" % png if png else "",
                                      time.time() - tic))
