@@ -281,3 +281,39 @@ def test_time_to_accuracy_on_emulated_hosts(tmp_path):
         curve = [(p["train_seconds"], p["test_accuracy"]) for p in run["history"]]
         assert block["modes"][run["mode"]]["seconds_to_target_per_seed"] == \
             [_first_at_or_above(curve, block["target"])]
+
+
+def _run(mode, seed, curve):
+    return {"bandwidth_mbit": 100, "mode": mode, "seed": seed, "samples_per_sec": 1.0,
+            "final_test_accuracy": curve[-1][1],
+            "history": [{"train_seconds": t, "test_accuracy": a} for t, a in curve]}
+
+
+def test_summary_of_synthetic_curves_and_replot(tmp_path, capsys):
+    """Target = dist_sync's mean final (0.8); times per seed, of the mean curve, and runs that
+    ended at chance, worked out by hand; --replot rebuilds the same summary from the JSON."""
+    from odsgd.bench import time_to_accuracy
+    runs = [_run("dist_sync", 0, [(10, 0.5), (20, 0.79), (30, 0.8)]),
+            _run("dist_sync", 1, [(12, 0.6), (22, 0.81), (32, 0.8)]),
+            _run("dist_odsgd", 0, [(5, 0.7), (10, 0.8), (15, 0.81)]),
+            _run("dist_odsgd", 1, [(7, 0.5), (14, 0.7), (21, 0.77)]),
+            _run("dist_async", 0, [(4, 0.3), (8, 0.1), (12, 0.1)]),
+            _run("dist_async", 1, [(4, 0.6), (8, 0.7), (12, 0.75)])]
+    block = time_to_accuracy.summarize(runs)["100"]
+    assert block["target"] == pytest.approx(0.8)
+    sync, odsgd, asgd = (block["modes"][m] for m in ("dist_sync", "dist_odsgd", "dist_async"))
+    assert sync["seconds_to_target_per_seed"] == [30, 22]
+    assert sync["seconds_to_target_of_mean_curve"] == 21          # (0.79 + 0.81) / 2 at (20+22)/2
+    assert odsgd["seconds_to_target_per_seed"] == [10, None]
+    assert odsgd["seconds_to_target_of_mean_curve"] is None       # means 0.6, 0.75, 0.79
+    assert odsgd["final_mean"] == pytest.approx(0.79)
+    assert (sync["diverged"], odsgd["diverged"], asgd["diverged"]) == (0, 0, 1)
+    path = tmp_path / "time_to_accuracy.json"
+    with open(path, "w") as f:
+        json.dump({"dataset": "fashion-mnist", "topology": "hosts", "runs": runs}, f)
+    assert time_to_accuracy.main(["--replot", str(path)]) == 0
+    with open(path) as f:
+        assert json.load(f)["summary"]["100"] == json.loads(json.dumps(
+            time_to_accuracy.summarize(runs)))["100"]
+    assert (tmp_path / "time_to_accuracy.png").exists()
+    assert "| 1 |" in capsys.readouterr().out                     # dist_async's diverged run

@@ -39,6 +39,9 @@ from odsgd.training import schedule
 DEFAULT_MODES = "dist_sync,dist_async,dist_odsgd"
 PARAMETERS = 431080          # odsgd.bench.image_job.make_net()
 BYTES_PER_VALUE = 4
+# A run that ends below this accuracy has diverged: chance is 10% on the 10 classes of both
+# data sets, and a trained LeNet is far above it.
+DIVERGED_BELOW = 0.15
 
 
 def parse_args(argv=None):
@@ -70,6 +73,8 @@ def parse_args(argv=None):
     p.add_argument("--servers", type=int, default=1)
     p.add_argument("--timeout", type=float, default=900, help="seconds per job")
     p.add_argument("--out", default="results/time_to_accuracy")
+    p.add_argument("--replot", metavar="JSON", help="no jobs: the table, summary and PNG of "
+                   "a study's saved time_to_accuracy.json again (beside it)")
     args = p.parse_args(argv)
     args.modes = convergence.split_modes(args.modes)
     try:
@@ -201,6 +206,7 @@ def summarize(runs):
                     seconds_to_target_per_seed=per_seed,
                     seconds_to_target_mean_of_reached=mean(reached) if reached else None,
                     reached=len(reached),
+                    diverged=sum(1 for f in finals if f < DIVERGED_BELOW),
                     seconds_to_target_of_mean_curve=seconds_to_target(mean_curve(records), target)
                     if target is not None else None)
             modes[mode] = entry
@@ -215,30 +221,33 @@ def summarize(runs):
 
 def markdown_table(summary):
     lines = ["| bandwidth | mode | final % mean (min–max) | samples/s | s to target (mean curve) "
-             "| × dist_sync's time | seeds reaching target |", "|---|---|---|---|---|---|---|"]
+             "| × dist_sync's time | seeds reaching target | diverged |",
+             "|---|---|---|---|---|---|---|---|"]
     for bandwidth, block in summary.items():
         label = "%s Mbit/s" % bandwidth if bandwidth != "0" else "unshaped"
         for mode, e in block["modes"].items():
             if "final_mean" not in e:
-                lines.append("| %s | %s (%d failed) | | | | | |" % (label, mode, e["failed"]))
+                lines.append("| %s | %s (%d failed) | | | | | | |" % (label, mode, e["failed"]))
                 continue
             s = e["seconds_to_target_of_mean_curve"]
-            lines.append("| %s | %s%s | %.2f (%.2f–%.2f) | %.0f | %s | %s | %d/%d |" % (
+            lines.append("| %s | %s%s | %.2f (%.2f–%.2f) | %.0f | %s | %s | %d/%d | %d |" % (
                 label, mode, " (%d failed)" % e["failed"] if e["failed"] else "",
                 100 * e["final_mean"], 100 * e["final_min"], 100 * e["final_max"],
                 e["samples_per_sec"], "%.1f" % s if s is not None else "never",
                 "%.2f" % e["time_vs_dist_sync"] if e["time_vs_dist_sync"] else "",
-                e["reached"], e["n"]))
+                e["reached"], e["n"], e["diverged"]))
             label = ""
         if block["target"] is not None:
-            lines.append("| | target: dist_sync's final mean %.2f%% | | | | | |"
+            lines.append("| | target: dist_sync's final mean %.2f%% | | | | | | |"
                          % (100 * block["target"]))
     return "\n".join(lines)
 
 
 def plot(runs, summary, path, title):
-    """Test accuracy against training time, one panel per bandwidth, one line per mode (mean
-    over seeds, band from min to max), the target as a dotted line."""
+    """Test accuracy against training time, one column per bandwidth, one line per mode (mean
+    over seeds, band from min to max), the target as a dotted line: the whole run above, and
+    below a close-up of the last points around the target, where each mode's time to target
+    (of its mean curve) is marked."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -246,8 +255,10 @@ def plot(runs, summary, path, title):
               if any("final_mean" in e for e in s["modes"].values())]
     if not blocks:
         return None
-    fig, axes = plt.subplots(1, len(blocks), figsize=(6.5 * len(blocks), 4.6), squeeze=False)
-    for ax, (bandwidth, block) in zip(axes[0], blocks):
+    fig, axes = plt.subplots(2, len(blocks), figsize=(6.5 * len(blocks), 8.4), squeeze=False,
+                             gridspec_kw={"height_ratios": [1, 1]})
+    for column, (bandwidth, block) in enumerate(blocks):
+        whole, close = axes[0][column], axes[1][column]
         for i, mode in enumerate(block["modes"]):
             records = [r for r in runs if str(r["bandwidth_mbit"]) == bandwidth
                        and r["mode"] == mode and "error" not in r]
@@ -258,19 +269,32 @@ def plot(runs, summary, path, title):
                    for k in range(count)]
             t = [p["train_seconds"] for p in mean_curve(records)]
             colour = plt.get_cmap("tab10")(i % 10)
-            ax.plot(t, [mean(a) for a in acc], marker=".", color=colour, label=mode)
-            ax.fill_between(t, [min(a) for a in acc], [max(a) for a in acc], color=colour,
-                            alpha=0.15)
-        if block["target"] is not None:
-            ax.axhline(100 * block["target"], color="grey", linestyle=":",
-                       label="dist_sync's final mean")
-        ax.set(title="%s, %s" % (title, "%s Mbit/s" % bandwidth if bandwidth != "0"
-                                 else "unshaped"),
-               xlabel="training seconds (evaluations taken out)", ylabel="test accuracy %")
-        ax.grid(alpha=0.3)
+            diverged = block["modes"][mode].get("diverged", 0)
+            label = mode + (" (%d of %d runs diverged)" % (diverged, len(records))
+                            if diverged else "")
+            for ax in (whole, close):
+                ax.plot(t, [mean(a) for a in acc], marker=".", color=colour, label=label)
+                ax.fill_between(t, [min(a) for a in acc], [max(a) for a in acc],
+                                color=colour, alpha=0.15)
+            reached = block["modes"][mode].get("seconds_to_target_of_mean_curve")
+            if reached is not None:
+                close.axvline(reached, color=colour, linestyle="--", linewidth=1)
+        link = "%s Mbit/s" % bandwidth if bandwidth != "0" else "unshaped"
         finals = [100 * e["final_min"] for e in block["modes"].values() if "final_min" in e]
-        ax.set_ylim(max(0, min(finals) - 15), 100)
-        ax.legend(fontsize=8, loc="lower right")
+        whole.set_ylim(max(0, min(finals) - 15), 100)
+        whole.set_title("%s, %s" % (title, link))
+        if block["target"] is not None:
+            target = 100 * block["target"]
+            for ax in (whole, close):
+                ax.axhline(target, color="grey", linestyle=":", label="dist_sync's final mean")
+            tops = [100 * e["final_max"] for e in block["modes"].values() if "final_max" in e]
+            close.set_ylim(target - 3, max(tops + [target]) + 0.5)
+        close.set_title("close-up; dashed: time to dist_sync's final mean (mean curves)",
+                        fontsize=9)
+        for ax in (whole, close):
+            ax.set(xlabel="training seconds (evaluations taken out)", ylabel="test accuracy %")
+            ax.grid(alpha=0.3)
+        whole.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
@@ -327,8 +351,33 @@ def run_one(args, bandwidth, mode, seed, place):
     return record
 
 
+def write_outputs(report, folder):
+    """Summarises report['runs'] into report['summary'], writes the JSON and the PNG into
+    `folder` and prints the table; returns the two paths."""
+    report["summary"] = summarize(report["runs"])
+    json_path = os.path.join(folder, "time_to_accuracy.json")
+    with open(json_path, "w") as f:
+        json.dump(report, f, indent=1)
+    png = plot(report["runs"], report["summary"], os.path.join(folder, "time_to_accuracy.png"),
+               "LeNet on %s%s" % (report["dataset"], ", emulated hosts"
+                                  if report.get("topology") == "hosts" else ""))
+    print(markdown_table(report["summary"]))
+    return json_path, png
+
+
+def replot(json_path):
+    """--replot: the table, summary and PNG of a saved study again, without running jobs."""
+    with open(json_path) as f:
+        report = json.load(f)
+    json_path, png = write_outputs(report, os.path.dirname(os.path.abspath(json_path)))
+    print("\nwrote %s%s" % (json_path, " and %s" % png if png else ""))
+    return 0
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.replot:
+        return replot(args.replot)
     os.makedirs(args.out, exist_ok=True)
     tic = time.time()
     print("time to accuracy: %s, modes %s, seeds %s, %d epochs, %s schedule%s, bandwidths %s "
@@ -337,7 +386,6 @@ def main(argv=None):
                      if args.lr_decay_epoch else "", ",".join(args.bandwidths), args.topology),
           flush=True)
     runs, compute, bandwidths = run_all(args)
-    summary = summarize(runs)
     report = {"command": "python -m odsgd.bench time-to-accuracy " + " ".join(
                   sys.argv[1:] if argv is None else argv),
               "dataset": args.dataset, "model": "lenet", "modes": args.modes,
@@ -347,14 +395,8 @@ def main(argv=None):
               "train_subset": args.train_subset,
               "test_subset": args.test_subset, "workers": args.workers,
               "servers": args.servers, "t_comp": compute, "bandwidths_mbit": bandwidths,
-              "total_seconds": time.time() - tic, "runs": runs, "summary": summary}
-    json_path = os.path.join(args.out, "time_to_accuracy.json")
-    with open(json_path, "w") as f:
-        json.dump(report, f, indent=1)
-    png = plot(runs, summary, os.path.join(args.out, "time_to_accuracy.png"),
-               "LeNet on %s%s" % (args.dataset, ", emulated hosts"
-                                  if args.topology == "hosts" else ""))
-    print(markdown_table(summary))
+              "total_seconds": time.time() - tic, "runs": runs}
+    json_path, png = write_outputs(report, args.out)
     print("\nwrote %s%s (%.0f s)" % (json_path, " and %s" % png if png else "",
                                      time.time() - tic))
     return 1 if any("error" in r for r in runs) else 0
