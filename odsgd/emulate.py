@@ -434,6 +434,14 @@ def leftovers(ignore_creators=()):
     return found
 
 
+def other_live_creators():
+    """Pids of the live processes other than this one whose emulated clusters exist now (a
+    benchmark beside the tests): what a check for leftovers leaves to them."""
+    creators = {creator_pid(os.path.basename(entry.split()[1])) for entry in leftovers()}
+    return {pid for pid in creators
+            if pid is not None and pid != os.getpid() and os.path.exists("/proc/%d" % pid)}
+
+
 def creator_pid(name):
     """The pid of the process that made the namespace or folder `name` (PREFIX-<pid>-...), or
     None (the throwaway netem probe's name has none)."""

@@ -40,18 +40,10 @@ pytestmark = [pytest.mark.skipif(MISSING is not None, reason=str(MISSING)),
 def nothing_left_behind():
     # Clusters of other processes that ran before the test (a benchmark beside the tests)
     # are theirs; everything else, this test's subprocesses' included, must be gone.
-    others = _other_live_creators()
+    others = emulate.other_live_creators()
     yield
     assert emulate.leftovers(ignore_creators=others) == []
     assert _emulated_sshds(ignore_creators=others) == []
-
-
-def _other_live_creators():
-    """Pids of the live processes other than this one whose emulated clusters exist now."""
-    creators = {emulate.creator_pid(os.path.basename(entry.split()[1]))
-                for entry in emulate.leftovers()}
-    return {pid for pid in creators
-            if pid is not None and pid != os.getpid() and os.path.exists("/proc/%d" % pid)}
 
 
 def _emulated_sshds(ignore_creators=()):

@@ -260,9 +260,7 @@ def test_time_to_accuracy_on_emulated_hosts(tmp_path):
     NICs shaped; the curves are the jobs' own and nothing of the emulation is left."""
     from odsgd import emulate
     from odsgd.bench import time_to_accuracy
-    # clusters of a benchmark running beside the tests are its own; this process's must go
-    others = {emulate.creator_pid(e.split()[1].rsplit("/", 1)[-1])
-              for e in emulate.leftovers()} - {os.getpid()}
+    others = emulate.other_live_creators()   # a benchmark's beside the tests are its own
     code = time_to_accuracy.main(
         ["--dataset", _data_set(), "--modes", "dist_sync,dist_odsgd", "--seeds", "0",
          "--topology", "hosts", "--bandwidth-mbit", "200", "--epochs", "2",
