@@ -21,6 +21,7 @@ number of workers and servers and the same parameters.
 """
 import mxnet as mx
 
+from . import state_files
 from .kvstore import DistODSGD
 
 
@@ -73,7 +74,7 @@ def load_checkpoint(trainer, prefix):
                          "has kvstore=%r" % (kv,))
     params_file, states_file = checkpoint_files(prefix, kv.rank)
     local = mx.nd.load(params_file)
-    saved = _read_states(states_file)
+    saved = state_files.load_worker_states(states_file, kv.rank)
     global_weights = {key: current for key, (current, _previous)
                       in saved["global_weights"].items()}
     if saved.get("optimizer") is not None:
@@ -92,9 +93,3 @@ def load_checkpoint(trainer, prefix):
         for array in param.list_data():
             array[:] = local[param.name].as_in_context(array.context)
     mx.nd.waitall()
-
-
-def _read_states(states_file):
-    import pickle
-    with open(states_file, "rb") as f:
-        return pickle.load(f)

@@ -22,14 +22,14 @@ ordered after its pull t, hence after the servers finished update t. Without thi
 worker's push t+1 could join the servers' round t (they count pushes, not workers). It costs no
 overlap: step t+1's local update waits for pull t-1 in any case.
 """
+import copy
 import logging
 import os
-import pickle
 
 import mxnet as mx
 from mxnet.kvstore import KVStoreBase
 
-from . import native, rates
+from . import native, rates, state_files
 from .agreement import OPTIMIZER_COMMAND, WorkerAgreement
 from .config import ODSGDConfig
 from .environment import check_environment, exit_on_uncaught_exception
@@ -454,15 +454,7 @@ class DistODSGD(KVStoreBase):
             raise ValueError("local_optimizer='predict' predicts an SGD step and needs the "
                              "global optimizer 'sgd', got %r; use local_optimizer='sgd' "
                              "with another global optimizer" % type(optimizer).__name__)
-        scheduler = optimizer.lr_scheduler
-        if scheduler is not None and type(scheduler).__module__.split(".")[0] == "gluoncv":
-            # The servers unpickle the optimizer while `import mxnet` is still running there;
-            # `import gluoncv` fails at that point and the job would hang.
-            raise ValueError("the global optimizer's lr_scheduler is GluonCV's %s, which the "
-                             "parameter servers cannot unpickle; use mx.lr_scheduler or "
-                             "odsgd.training.schedule (GluonCV's schedules made server-safe)"
-                             % type(scheduler).__name__)
-        self.raw.set_optimizer(ServerOptimizer(optimizer))
+        self.raw.set_optimizer(ServerOptimizer(_server_safe(optimizer)))
         self.global_optimizer = optimizer
         self._server_lr = optimizer.lr
         self._server_multipliers = {}
@@ -497,7 +489,25 @@ class DistODSGD(KVStoreBase):
             self._server_multipliers.update(changed)
 
     def set_gradient_compression(self, compression_params):
-        self.raw.set_gradient_compression(compression_params)
+        """Refused (type 'none' aside): MXNet 1.9's dist store compresses every push of the
+        store once compression is set, and this store's collective checks (step counts,
+        shapes, the fusion plan; odsgd/agreement.py) travel as exact float64 values through the
+        same servers, which 2-bit quantisation would destroy (MXNet even refuses float64 keys
+        then). A second, compressed MXNet store in the same process is not possible: ps-lite
+        has one node per process."""
+        if dict(compression_params or {}).get("type", "none") == "none":
+            return
+        raise ValueError(
+            "dist_odsgd does not support gradient compression (%r): MXNet compresses every "
+            "push of a store, and dist_odsgd's collective checks (equal step counts, shapes) "
+            "send exact values through the same servers; train without it (drop the option, "
+            "e.g. --gc-type) or use kvstore='dist_sync' for compressed pushes"
+            % (compression_params,))
+
+    def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
+        """Refused: dist_odsgd keeps dense weights only (as kv.init refuses sparse ones)."""
+        raise TypeError("dist_odsgd supports dense weights only, got row_sparse_pull; use "
+                        "kvstore='dist_sync' for sparse parameters or gradients")
 
     # -- checkpoints -----------------------------------------------------------------------
     def _holding_groups(self):
@@ -508,12 +518,17 @@ class DistODSGD(KVStoreBase):
         variance), step counts, the last two global weights W_t and W_{t-1}, the global
         optimizer's update count (and the optimizer itself with `dump_optimizer`).
 
+        `fname` holds one entry per worker rank (odsgd/state_files.py): workers that save to
+        the same `fname` (as GluonCV's scripts do on every worker) each replace their own
+        entry and keep the others', and each loads its own back; per-rank names
+        (`'ckpt-%d.states' % kv.rank`) work as well. Every write goes through a temporary
+        file of its own, so concurrent saves never fail or leave half a file.
+
         On rank 0 it also has every server write its global optimizer states (e.g. SGD's
         momentum) and update counts to `fname + '.server<k>'` (k: the server's rank), on the
-        servers' own file system. Call it on every worker after the same step, each with its
-        own `fname` (the local states differ between workers), e.g.
-        `trainer.save_states('ckpt-%d.states' % kv.rank)`; `odsgd.save_checkpoint` does that
-        and saves the weights too. Everything pushed so far is applied first."""
+        servers' own file system. Call it on every worker after the same step;
+        `odsgd.save_checkpoint` does that and saves the weights too. Everything pushed so far
+        is applied first."""
         from . import server_updater as servers
         mx.nd.waitall()   # every step this worker pushed is applied; W_t has arrived
         optimizer = self.global_optimizer
@@ -524,8 +539,9 @@ class DistODSGD(KVStoreBase):
             steps[key] = group.global_step
             global_weights[key] = (group.views(group.current)[i].asnumpy(),
                                    group.views(group.previous)[i].asnumpy())
-        saved = {"format": 3, "config": self.config.as_dict(), "rank": self.rank,
-                 "num_workers": self.num_workers, "num_servers": _num_servers(),
+        saved = {"format": state_files.WORKER_STATES_FORMAT, "config": self.config.as_dict(),
+                 "rank": self.rank, "num_workers": self.num_workers,
+                 "num_servers": _num_servers(),
                  "steps": steps, "global_step": self.global_step,
                  "global_weights": global_weights,
                  "local": self._local.get_states(self._holding_groups()) if self._local else None,
@@ -533,10 +549,7 @@ class DistODSGD(KVStoreBase):
                  "server_states": server_states}
         if dump_optimizer:
             saved["optimizer"] = optimizer
-        temporary = fname + ".tmp"
-        with open(temporary, "wb") as f:
-            pickle.dump(saved, f)
-        os.replace(temporary, fname)
+        state_files.save_worker_states(fname, saved)
         if server_states:
             self.raw._send_command_to_servers(
                 OPTIMIZER_COMMAND, servers.save_states_command(_server_pattern(fname)))
@@ -549,20 +562,17 @@ class DistODSGD(KVStoreBase):
         from rank 0's parameters when the keys are initialised: load them into the parameters
         first (`odsgd.load_checkpoint` does all of this)."""
         from . import server_updater as servers
-        with open(fname, "rb") as f:
-            saved = pickle.load(f)
-        if saved.get("format") != 3:
+        saved = state_files.load_worker_states(fname, self.rank)
+        if saved.get("format") != state_files.WORKER_STATES_FORMAT:
             raise ValueError("%s holds dist_odsgd states of format %r; this version reads "
-                             "format 3 (save the checkpoint again with this version)"
-                             % (fname, saved.get("format")))
+                             "format %d (save the checkpoint again with this version)"
+                             % (fname, saved.get("format"),
+                                state_files.WORKER_STATES_FORMAT))
         if saved.get("server_states") and saved.get("num_servers") != _num_servers():
             raise ValueError("%s was saved by a job with %s servers, this job has %d: start it "
                              "with -s %s (each server holds its own part of the states)"
                              % (fname, saved.get("num_servers"), _num_servers(),
                                 saved.get("num_servers")))
-        if saved.get("rank", self.rank) != self.rank:
-            LOG.warning("odsgd: worker %d loads the states that worker %d saved (%s)",
-                        self.rank, saved["rank"], fname)
         for key, (current, previous) in saved["global_weights"].items():
             if key not in self._groups:
                 raise ValueError("saved states have key %r, which this store has not "
@@ -623,6 +633,20 @@ class DistODSGD(KVStoreBase):
 
 
 KVStoreBase.kv_registry["dist_odsgd"] = DistODSGD
+
+
+def _server_safe(optimizer):
+    """`optimizer`, or a copy of it for the servers whose lr_scheduler gives the same rates
+    and unpickles there: the servers unpickle the optimizer while `import mxnet` is still
+    running, where GluonCV's schedulers (LRSequential, LRScheduler) cannot be imported, and
+    the job would hang (odsgd/training/schedule.py translates them). The worker keeps its own."""
+    from .training.schedule import server_safe
+    scheduler = server_safe(optimizer.lr_scheduler)
+    if scheduler is optimizer.lr_scheduler:
+        return optimizer
+    sent = copy.copy(optimizer)   # pickled at once by set_optimizer
+    sent.lr_scheduler = scheduler
+    return sent
 
 
 def _gather(grads, group, flat):

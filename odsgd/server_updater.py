@@ -30,7 +30,7 @@ worker waiting forever.
 
 This module is unpickled on the servers while `import mxnet` is still running there (the server
 loop starts inside it), so it imports only `mxnet.optimizer` and `mxnet.ndarray`, which are
-ready by then.
+ready by then, and odsgd.state_files, which needs no MXNet.
 """
 import gc
 import os
@@ -39,6 +39,8 @@ import sys
 import traceback
 
 from mxnet.optimizer import Optimizer
+
+from .state_files import write_atomically
 
 #: The ServerOptimizer this server process runs (None on workers).
 _RUNNING = None
@@ -362,10 +364,7 @@ def _save_states(pattern):
         what = "server rank %d, saving the optimizer states to %s" % (rank, path)
         saved = _RUNNING.get_states()
         saved["server_rank"] = rank
-        temporary = path + ".tmp"
-        with open(temporary, "wb") as f:
-            pickle.dump(saved, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(temporary, path)
+        write_atomically(path, saved)
     except Exception:  # noqa: BLE001 - reported, then the server ends
         _fail(what)
     return _RUNNING

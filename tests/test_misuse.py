@@ -188,7 +188,13 @@ def test_misuse_inside_a_job(tmp_path):
                                     "batches, an int >= 0, got -1",
             "update_on_kvstore_false": "ValueError: dist_odsgd updates the weights itself and "
                                        "needs pushpull(key, grad, out=weight): create the "
-                                       "Trainer with update_on_kvstore=True"}
+                                       "Trainer with update_on_kvstore=True",
+            "gradient_compression": "ValueError: dist_odsgd does not support gradient "
+                                    "compression ({'type': '2bit', 'threshold': 0.5})",
+            "row_sparse_pull": "TypeError: dist_odsgd supports dense weights only, got "
+                               "row_sparse_pull; use kvstore='dist_sync' for sparse "
+                               "parameters or gradients"}
+        assert results["no_gradient_compression"] is None   # {'type': 'none'} is no change
         for case, start in expected.items():
             assert results[case] is not None and results[case].startswith(start), \
                 "rank %d, %s: %r" % (rank, case, results[case])

@@ -65,6 +65,13 @@ def main():
     results["sparse_gradient_trainer"] = raised(sparse_gradient_trainer)
 
     results["equal_steps_negative"] = raised(lambda: odsgd.equal_steps(kv, -1))
+    results["gradient_compression"] = raised(
+        lambda: kv.set_gradient_compression({"type": "2bit", "threshold": 0.5}))
+    results["no_gradient_compression"] = raised(
+        lambda: kv.set_gradient_compression({"type": "none"}))
+    results["row_sparse_pull"] = raised(
+        lambda: kv.row_sparse_pull(500, out=mx.nd.sparse.zeros("row_sparse", (4, 3)),
+                                   row_ids=mx.nd.array([0, 1])))
 
     # Rank 0 has a (3, 5) array, the others (3, 6): the others must get the error.
     shape = (3, 5) if kv.rank == 0 else (3, 6)
