@@ -17,6 +17,7 @@ import odsgd  # registers dist_odsgd; on servers it loads only the server side
 import mxnet as mx  # on a server or scheduler the job's server loop runs in here
 import numpy as np
 
+from odsgd.bench.jobs import IMAGE_JOB_OPTIMIZERS
 from odsgd.bench.study_job import run_and_write
 from odsgd.training import image_datasets, schedule, store
 from odsgd.training.imperative import EvaluationNet
@@ -48,6 +49,9 @@ def parse_args(argv=None):
     p.add_argument("--lr-decay-epoch", default="",
                    help="step mode: comma-separated epochs at which the rate is multiplied "
                    "by --lr-decay")
+    p.add_argument("--optimizer", choices=IMAGE_JOB_OPTIMIZERS, default="sgd",
+                   help="the global optimizer: sgd (momentum) or nag (Nesterov, as GluonCV's "
+                   "recipes)")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--wd", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=0)
@@ -145,7 +149,7 @@ def train(args):
     lr_schedule = schedule.build_schedule(args.lr, args.lr_mode, args.num_epochs, iters,
                                           lr_decay=args.lr_decay,
                                           lr_decay_epoch=args.lr_decay_epoch)
-    trainer = mx.gluon.Trainer(net.collect_params(), "sgd",
+    trainer = mx.gluon.Trainer(net.collect_params(), args.optimizer,
                                {"learning_rate": args.lr, "momentum": args.momentum,
                                 "wd": args.wd, "lr_scheduler": lr_schedule}, kvstore=kv)
     step_scale = args.batch_size * (workers if store.is_synchronous(kv) else 1)
@@ -197,7 +201,7 @@ def train(args):
               "epochs": args.num_epochs, "train_images": train_size,
               "test_images": len(X_test), "steps": steps, "lr": args.lr,
               "lr_mode": args.lr_mode, "lr_decay_epoch": args.lr_decay_epoch,
-              "momentum": args.momentum, "wd": args.wd,
+              "optimizer": args.optimizer, "momentum": args.momentum, "wd": args.wd,
               "final_test_accuracy": history[-1]["test_accuracy"] if history else None,
               "history": history, "train_seconds": clock.train_seconds,
               "samples_per_sec": samples / clock.train_seconds,

@@ -14,6 +14,9 @@ import time
 
 from ..emulate import tbf_arguments
 
+#: global optimizers of the image jobs (both predicted by local_optimizer='predict')
+IMAGE_JOB_OPTIMIZERS = ("sgd", "nag")
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

@@ -32,8 +32,8 @@ import time
 from statistics import mean
 
 from odsgd.bench import convergence
-from odsgd.bench.jobs import (REPO, TOPOLOGIES, TOPOLOGY_HELP, JobFailed, job_environment,
-                              job_placement, run_job, step_wire_bits)
+from odsgd.bench.jobs import (IMAGE_JOB_OPTIMIZERS, REPO, TOPOLOGIES, TOPOLOGY_HELP, JobFailed,
+                              job_environment, job_placement, run_job, step_wire_bits)
 from odsgd.training import schedule
 
 DEFAULT_MODES = "dist_sync,dist_async,dist_odsgd"
@@ -62,6 +62,8 @@ def parse_args(argv=None):
     p.add_argument("--test-subset", type=int, default=0, help="first N test images")
     p.add_argument("--batch-size", type=int, default=128, help="per worker")
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--optimizer", choices=IMAGE_JOB_OPTIMIZERS, default="sgd",
+                   help="the global optimizer of every mode")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--lr-mode", choices=schedule.MODES, default="cosine",
                    help="the global rate's schedule over the run")
@@ -112,7 +114,8 @@ def job_arguments(args, kvstore, seed):
     return ["odsgd.bench.image_job", "--kvstore", kvstore, "--seed", seed,
             "--dataset", args.dataset, "--num-epochs", args.epochs,
             "--train-subset", args.train_subset, "--test-subset", args.test_subset,
-            "--batch-size", args.batch_size, "--lr", args.lr, "--momentum", args.momentum,
+            "--batch-size", args.batch_size, "--lr", args.lr, "--optimizer", args.optimizer,
+            "--momentum", args.momentum,
             "--lr-mode", args.lr_mode, "--eval-interval", args.eval_interval] + extra + (
                 ["--lr-decay-epoch", args.lr_decay_epoch] if args.lr_decay_epoch else [])
 
@@ -390,7 +393,8 @@ def main(argv=None):
                   sys.argv[1:] if argv is None else argv),
               "dataset": args.dataset, "model": "lenet", "modes": args.modes,
               "seeds": args.seeds, "epochs": args.epochs, "batch_size": args.batch_size,
-              "lr": args.lr, "momentum": args.momentum, "lr_mode": args.lr_mode,
+              "lr": args.lr, "optimizer": args.optimizer, "momentum": args.momentum,
+              "lr_mode": args.lr_mode,
               "lr_decay_epoch": args.lr_decay_epoch, "topology": args.topology,
               "train_subset": args.train_subset,
               "test_subset": args.test_subset, "workers": args.workers,

@@ -28,20 +28,12 @@ def main():
     args = p.parse_args()
     kv = odsgd.DistODSGD(local_optimizer="sgd", warmup_steps=1,
                          local_optimizer_params={"learning_rate": 0.05, "momentum": 0.9})
-    net = mx.gluon.nn.Dense(problem.OUT_UNITS, in_units=problem.IN_UNITS)
-    net.initialize()
-    weight, bias = problem.initial_weights()
-    net.weight.set_data(mx.nd.array(weight))
-    net.bias.set_data(mx.nd.array(bias))
+    net = problem.gluon_net()
     trainer = mx.gluon.Trainer(net.collect_params(), "sgd",
                                {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-3}, kvstore=kv)
     path = os.path.join(args.out, "shared.states")
     for step in range(args.saves):
-        X, Y = problem.batch(kv.rank, step)
-        with mx.autograd.record():
-            loss = 0.5 * ((net(mx.nd.array(X)) - mx.nd.array(Y)) ** 2).sum()
-        loss.backward()
-        trainer.step(problem.BATCH)
+        problem.gluon_step(net, trainer, kv.rank, step)
         trainer.save_states(path)
     np.savez(os.path.join(args.out, "rank%d.npz" % kv.rank), **local_momentum(kv))
     kv._barrier()   # both workers' last saves are in the file

@@ -33,11 +33,7 @@ def parse_args(argv=None):
 def main():
     args = parse_args()
     kv = odsgd.DistODSGD(local_optimizer="predict", warmup_steps=args.warmup_steps)
-    net = mx.gluon.nn.Dense(problem.OUT_UNITS, in_units=problem.IN_UNITS)
-    net.initialize()
-    weight, bias = problem.initial_weights()
-    net.weight.set_data(mx.nd.array(weight))
-    net.bias.set_data(mx.nd.array(bias))
+    net = problem.gluon_net()
     trainer = mx.gluon.Trainer(net.collect_params(), "sgd",
                                {"learning_rate": args.lr, "momentum": args.momentum}, kvstore=kv)
     shard = args.batches + kv.rank * args.extra
@@ -48,12 +44,8 @@ def main():
             steps = shard
         print("epoch %d: %d of %d local batches" % (epoch, steps, shard), flush=True)
         for _ in range(steps):
-            X, Y = problem.batch(kv.rank, step)
-            with mx.autograd.record():
-                loss = 0.5 * ((net(mx.nd.array(X)) - mx.nd.array(Y)) ** 2).sum()
-            loss.backward()
-            trainer.step(problem.BATCH)
-            loss.asscalar()   # a training loop that reads its loss blocks on the previous pull
+            # reading the loss blocks on the previous pull, as a logging training loop does
+            problem.gluon_step(net, trainer, kv.rank, step).asscalar()
             step += 1
     if step == 0:
         print("worker %d made no step" % kv.rank, flush=True)
