@@ -34,6 +34,8 @@ struct UpdateParams {
   float one_minus_beta;  // (float)(1.0 - beta) computed in double, as the reference does
   float eps;             // adaptive mode: added to v before the square root
   float num_workers;     // predict only: N, the number of workers
+  float prev_decay;      // NAG predict only: lr * wd of the servers' round that made W
+  float one_plus_momentum;  // NAG predict only: momentum + 1.0f in float32, as MXNet's kernel
 };
 
 /*! \brief g = r * grad, clipped to [-clip, clip] when kClip. */
@@ -87,6 +89,30 @@ ODSGD_HOST_DEVICE float PredictStep(const UpdateParams& p, float w, float grad, 
 }
 
 /*!
+ * \brief One element of the 'predict' step for the global optimizer NAG (docs/predict.md).
+ *  Returns w_{t+1}; updates m, the estimate of the servers' NAG state (and v), in place.
+ *  MXNet 1.9.1's nag_mom_update, in place on the servers, does a = mu mom;
+ *  W' = (W - a) + (1 + mu) (a - lr (G + wd W)); mom' = a - lr (G + wd W') (it reads the
+ *  weight after writing it), so from dW = W_t - W_{t-1} and the previous round's lr * wd:
+ *  m  = (dW + mu m) / (1 + mu) - prev_decay dW
+ *  gc = g + lam c g g (W - w);  d = N gc + wd W;  a = mu m
+ *  w_{t+1} = (W - a) + (1 + mu) (a - lr d)          (NAG's weight update with G = N gc)
+ */
+template <bool kClip, bool kAdaptive>
+ODSGD_HOST_DEVICE float NagPredictStep(const UpdateParams& p, float w, float grad, float W,
+                                       float W_prev, float* m, float* v) {
+  const float g = RescaleClip<kClip>(p, grad);
+  const float c = CompensationScale<kAdaptive>(p, g, v);
+  const float gc = g + p.lam * c * g * g * (W - w);
+  const float dW = W - W_prev;
+  const float m_t = (dW + p.momentum * *m) / p.one_plus_momentum - p.prev_decay * dW;
+  *m = m_t;
+  const float a = p.momentum * m_t;
+  const float d = p.num_workers * gc + p.wd * W;
+  return (W - a) + p.one_plus_momentum * (a - p.lr * d);
+}
+
+/*!
  * \brief One element i of the local SGD step on whole arrays: the loop body of the CPU
  *  kernels and of the CUDA kernels alike. With kSend it also writes the raw gradient to
  *  send[i] (the store's push buffer), so the copy costs no pass of its own.
@@ -113,6 +139,23 @@ ODSGD_HOST_DEVICE void PredictUpdateAt(int64_t i, const UpdateParams& p, float* 
   if (kSend) send[i] = raw;
   float v = kAdaptive ? var[i] : 0.0f;
   w[i] = PredictStep<kClip, kAdaptive>(p, w[i], raw, global_w[i], prev_global_w[i], &v);
+  if (kAdaptive) var[i] = v;
+}
+
+/*! \brief One element i of the NAG 'predict' step on whole arrays (see LocalUpdateAt);
+ *  `est` is the estimate m of the servers' NAG state. */
+template <bool kClip, bool kAdaptive, bool kSend>
+ODSGD_HOST_DEVICE void NagPredictUpdateAt(int64_t i, const UpdateParams& p, float* w,
+                                          const float* grad, const float* global_w,
+                                          const float* prev_global_w, float* est, float* var,
+                                          float* send) {
+  const float raw = grad[i];
+  if (kSend) send[i] = raw;
+  float m = est[i];
+  float v = kAdaptive ? var[i] : 0.0f;
+  w[i] = NagPredictStep<kClip, kAdaptive>(p, w[i], raw, global_w[i], prev_global_w[i], &m,
+                                          &v);
+  est[i] = m;
   if (kAdaptive) var[i] = v;
 }
 
@@ -146,7 +189,8 @@ void DispatchFlags(bool clip, bool adaptive, Fn fn) {
 /*!
  * \brief The per-array part of a multi-array call, as one block of memory (host or device):
  *  offsets[P+1] (int64), out[P] and in[P] (float pointers: the written arrays, e.g. the
- *  weights, and the read ones, e.g. the gradients), lr[P] and wd[P] (float32).
+ *  weights, and the read ones, e.g. the gradients), lr[P], wd[P] and prev_decay[P]
+ *  (float32; prev_decay is only read by the NAG 'predict' kind, 0 for the others).
  */
 struct SegmentTable {
   const int64_t* offsets;
@@ -154,11 +198,12 @@ struct SegmentTable {
   const float* const* in;
   const float* lr;
   const float* wd;
+  const float* prev_decay;
 };
 
 /*! \brief Bytes of a SegmentTable block for `num` arrays (every part stays 8-byte aligned). */
 inline int64_t SegmentTableBytes(int num) {
-  const int64_t floats = 2 * static_cast<int64_t>(num) * static_cast<int64_t>(sizeof(float));
+  const int64_t floats = 3 * static_cast<int64_t>(num) * static_cast<int64_t>(sizeof(float));
   return static_cast<int64_t>(num + 1) * 8 + 2 * static_cast<int64_t>(num) * 8 +
          ((floats + 7) / 8) * 8;
 }
@@ -172,6 +217,7 @@ ODSGD_HOST_DEVICE SegmentTable ViewSegmentTable(const void* block, int num) {
   t.in = reinterpret_cast<const float* const*>(base + static_cast<int64_t>(2 * num + 1) * 8);
   t.lr = reinterpret_cast<const float*>(base + static_cast<int64_t>(3 * num + 1) * 8);
   t.wd = t.lr + num;
+  t.prev_decay = t.wd + num;
   return t;
 }
 
@@ -190,19 +236,22 @@ ODSGD_HOST_DEVICE int FindSegment(const int64_t* offsets, int num, int64_t i) {
   return lo;
 }
 
-/*! \brief Hyper-parameters of array k: the call's, with array k's lr and wd. */
+/*! \brief Hyper-parameters of array k: the call's, with array k's lr, wd and prev_decay. */
 ODSGD_HOST_DEVICE UpdateParams ParamsOf(const UpdateParams& p, const SegmentTable& t, int k) {
   UpdateParams q = p;
   q.lr = t.lr[k];
   q.wd = t.wd[k];
+  q.prev_decay = t.prev_decay[k];
   return q;
 }
 
-/*! \brief What a multi-array kernel does besides the per-array table. */
-enum class MultiKind { kLocal, kPredict, kGather, kScatter };
+/*! \brief What a multi-array kernel does besides the per-array table. kNagPredict is the
+ *  'predict' step for the global optimizer NAG. */
+enum class MultiKind { kLocal, kPredict, kNagPredict, kGather, kScatter };
 
 /*! \brief The flat arrays of a multi-array call (device or host pointers). `aux` is mom
- *  (kLocal) or prev_global_weight (kPredict); `var` and `send` are only touched when the
+ *  (kLocal) or prev_global_weight (kPredict, kNagPredict); `est` the estimate of the
+ *  servers' NAG state (kNagPredict only); `var` and `send` are only touched when the
  *  call is adaptive / has a send buffer. For kGather/kScatter only `flat` is used. */
 struct FlatArrays {
   const float* global_w;
@@ -210,6 +259,7 @@ struct FlatArrays {
   float* var;
   float* send;
   float* flat;
+  float* est;
 };
 #if defined(ODSGD_WITH_CUDA)
 /*

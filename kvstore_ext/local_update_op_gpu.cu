@@ -6,10 +6,11 @@
  * -DODSGD_WITH_CUDA), and by `python -m odsgd.native check-cuda` (run by `make test`) on
  * any machine, to check that it compiles.
  *
- * The per-element code (LocalUpdateAt, PredictUpdateAt) is local_update_kernels.h, shared
- * with the CPU kernels. Each thread handles elements i, i + stride, ... (grid-stride loop),
- * so any n runs with a bounded grid. A multi-array kernel covers all arrays of a call in one
- * launch: element i of the flat layout finds its array by a binary search of the offsets.
+ * The per-element code (LocalUpdateAt, PredictUpdateAt, NagPredictUpdateAt) is
+ * local_update_kernels.h, shared with the CPU kernels. Each thread handles elements i,
+ * i + stride, ... (grid-stride loop), so any n runs with a bounded grid. A multi-array
+ * kernel covers all arrays of a call in one launch: element i of the flat layout finds its
+ * array by a binary search of the offsets.
  */
 #include <cuda_runtime.h>
 
@@ -79,9 +80,13 @@ __global__ void MultiKernel(int64_t total, int num, const void* __restrict__ tab
       if (kKind == MultiKind::kLocal) {
         LocalUpdateAt<kClip, kAdaptive, kSend>(j, q, t.out[k], t.in[k], f.global_w + off,
                                                f.aux + off, var, send);
-      } else {
+      } else if (kKind == MultiKind::kPredict) {
         PredictUpdateAt<kClip, kAdaptive, kSend>(j, q, t.out[k], t.in[k], f.global_w + off,
                                                  f.aux + off, var, send);
+      } else {
+        NagPredictUpdateAt<kClip, kAdaptive, kSend>(j, q, t.out[k], t.in[k],
+                                                    f.global_w + off, f.aux + off,
+                                                    f.est + off, var, send);
       }
     }
   }
@@ -142,6 +147,10 @@ int LaunchMultiCuda(MultiKind kind, int64_t total, int num, const void* device_t
     case MultiKind::kPredict:
       LaunchMulti<MultiKind::kPredict>(blocks, s, total, num, device_table, p, clip, adaptive,
                                        send, flat);
+      break;
+    case MultiKind::kNagPredict:
+      LaunchMulti<MultiKind::kNagPredict>(blocks, s, total, num, device_table, p, clip,
+                                          adaptive, send, flat);
       break;
     case MultiKind::kGather:
       // Copies take no flags: one instantiation each.

@@ -14,7 +14,13 @@
  *   odsgd_multi_predict_update(weights[P], grads[P], global_flat, prev_global_flat,
  *                              var_flat, out=weights [+ send_flat])
  *     The 'predict' local step of SPEC.md section 2 on every array.
- *   With send=1 both have one more output, send_flat, and write send_flat[off_k + i] =
+ *   odsgd_multi_nag_predict_update(weights[P], grads[P], global_flat, prev_global_flat,
+ *                                  var_flat, est_flat, out=weights [+ send_flat])
+ *     The 'predict' local step for the global optimizer NAG (docs/predict.md) on every
+ *     array, array k with lr = lrs[k], wd = wds[k] and prev_decay = prev_decays[k] (lr * wd
+ *     of the servers' round that produced global_flat); est_flat (the estimate of the
+ *     servers' NAG state) updated in place.
+ *   With send=1 the updates have one more output, send_flat, and write send_flat[off_k + i] =
  *   grads[k][i] (the raw gradient for the push) in the same pass. It is an output, not a
  *   mutable input, because MXNet's engine records a failure of the operator on its outputs
  *   only: a push of send_flat after a failed call is then skipped with the error instead of
@@ -25,7 +31,8 @@
  *
  * Attributes: num_arrays (P >= 1); for the updates also lrs and wds (P comma-separated
  * numbers each), rescale_grad, clip_gradient (<= 0: off), momentum, lam, adaptive (0/1),
- * beta, eps, send (0/1), and num_workers for predict. var_flat is never touched when
+ * beta, eps, send (0/1), num_workers for both predicts, and prev_decays (P numbers) for the
+ * NAG predict. var_flat is never touched when
  * adaptive is 0 and may then be any float32 array (a 1-element placeholder).
  */
 #include <algorithm>
@@ -51,7 +58,7 @@ namespace {
 constexpr int kFlatGlobal = 0;
 constexpr int kFlatAux = 1;    // mom_flat (local) or prev_global_flat (predict)
 constexpr int kFlatVar = 2;
-constexpr int kNumFlat = 3;
+constexpr int kFlatEst = 3;    // NAG predict only: est_flat, the estimate of the NAG state
 // ps-lite and MXNet handle at most a few thousand parameters per model; this bound only
 // stops a corrupt attribute from allocating absurd tables.
 constexpr int64_t kMaxArrays = 1 << 20;
@@ -60,18 +67,27 @@ const char* OpName(MultiKind kind) {
   switch (kind) {
     case MultiKind::kLocal: return "odsgd_multi_local_update";
     case MultiKind::kPredict: return "odsgd_multi_predict_update";
+    case MultiKind::kNagPredict: return "odsgd_multi_nag_predict_update";
     case MultiKind::kGather: return "odsgd_gather";
     default: return "odsgd_scatter";
   }
 }
 
 bool IsUpdate(MultiKind kind) {
-  return kind == MultiKind::kLocal || kind == MultiKind::kPredict;
+  return kind == MultiKind::kLocal || kind == MultiKind::kPredict ||
+         kind == MultiKind::kNagPredict;
 }
+
+bool IsPredict(MultiKind kind) {
+  return kind == MultiKind::kPredict || kind == MultiKind::kNagPredict;
+}
+
+/*! \brief Flat inputs after the 2P arrays of an update operator. */
+int NumFlat(MultiKind kind) { return kind == MultiKind::kNagPredict ? 4 : 3; }
 
 std::string FlatName(MultiKind kind, int which) {
   static const char* local[] = {"global_flat", "mom_flat", "var_flat"};
-  static const char* predict[] = {"global_flat", "prev_global_flat", "var_flat"};
+  static const char* predict[] = {"global_flat", "prev_global_flat", "var_flat", "est_flat"};
   return (kind == MultiKind::kLocal ? local : predict)[which];
 }
 
@@ -91,7 +107,8 @@ std::vector<const char*> AttrNames(MultiKind kind) {
   std::vector<const char*> names = {"num_arrays", "lrs", "wds", "rescale_grad",
                                     "clip_gradient", "momentum", "lam", "adaptive",
                                     "beta", "eps", "send"};
-  if (kind == MultiKind::kPredict) names.push_back("num_workers");
+  if (IsPredict(kind)) names.push_back("num_workers");
+  if (kind == MultiKind::kNagPredict) names.push_back("prev_decays");
   return names;
 }
 
@@ -99,7 +116,7 @@ std::vector<const char*> AttrNames(MultiKind kind) {
 struct MultiConfig {
   int num = 0;                 // P
   UpdateParams p{};            // shared hyper-parameters (lr and wd per array below)
-  std::vector<float> lrs, wds;
+  std::vector<float> lrs, wds, prev_decays;   // prev_decays: NAG predict only
   bool clip = false;
   bool adaptive = false;
   bool send = false;
@@ -133,12 +150,15 @@ bool ParseConfig(const Attrs& attrs, MultiKind kind, bool with_rates, MultiConfi
     return false;
   }
   int64_t num_workers = 1;
-  if (kind == MultiKind::kPredict &&
-      !GetCount(attrs, op, "num_workers", 1, 1 << 30, &num_workers)) {
+  if (IsPredict(kind) && !GetCount(attrs, op, "num_workers", 1, 1 << 30, &num_workers)) {
     return false;
   }
   if (with_rates && (!GetFloatList(attrs, op, "lrs", num, &cfg->lrs) ||
                      !GetFloatList(attrs, op, "wds", num, &cfg->wds))) {
+    return false;
+  }
+  if (with_rates && kind == MultiKind::kNagPredict &&
+      !GetFloatList(attrs, op, "prev_decays", num, &cfg->prev_decays)) {
     return false;
   }
   // Every constant is rounded to float32 once, as the NumPy reference's np.float32(x) does;
@@ -151,6 +171,9 @@ bool ParseConfig(const Attrs& attrs, MultiKind kind, bool with_rates, MultiConfi
   cfg->p.one_minus_beta = static_cast<float>(1.0 - beta);
   cfg->p.eps = static_cast<float>(eps);
   cfg->p.num_workers = static_cast<float>(num_workers);
+  cfg->p.prev_decay = 0.0f;   // per array, from the table
+  // momentum + 1 in float32, as MXNet's nag_mom_update forms it (DType(momentum) + 1)
+  cfg->p.one_plus_momentum = cfg->p.momentum + 1.0f;
   cfg->clip = clip_gradient > 0.0;
   return true;
 }
@@ -158,7 +181,7 @@ bool ParseConfig(const Attrs& attrs, MultiKind kind, bool with_rates, MultiConfi
 int NumInputs(MultiKind kind, int num) {
   if (kind == MultiKind::kGather) return num;
   if (kind == MultiKind::kScatter) return num + 1;
-  return 2 * num + kNumFlat;
+  return 2 * num + NumFlat(kind);
 }
 
 int NumOutputs(MultiKind kind, const MultiConfig& cfg) {
@@ -242,7 +265,7 @@ MXReturnValue InferShape(const Attrs& attrs, std::vector<std::vector<unsigned in
     total += NumElements(in[k]);
     (*out_shapes)[k] = in[k];
   }
-  for (int which = 0; which < kNumFlat; ++which) {
+  for (int which = 0; which < NumFlat(kKind); ++which) {
     if (which == kFlatVar && !cfg.adaptive) continue;   // never accessed: a placeholder will do
     if (!CheckFlatShape(kKind, FlatName(kKind, which), in[2 * num + which], total)) {
       return MX_FAIL;
@@ -263,6 +286,7 @@ MXReturnValue MutateInputs(const Attrs& attrs, std::vector<int>* input_indices) 
   const int flat = 2 * cfg.num;
   if (kKind == MultiKind::kLocal) input_indices->push_back(flat + kFlatAux);
   if (cfg.adaptive) input_indices->push_back(flat + kFlatVar);
+  if (kKind == MultiKind::kNagPredict) input_indices->push_back(flat + kFlatEst);
   return MX_SUCCESS;
 }
 
@@ -276,7 +300,8 @@ struct HostTable {
   int64_t total = 0;
 };
 
-/*! \brief Offsets, the written and read pointer of each array, and lr/wd, for one call.
+/*! \brief Offsets, the written and read pointer of each array, and lr/wd/prev_decay, for
+ *  one call.
  *  Updates and scatter write outputs[k] and read weights' grads / nothing per array;
  *  gather reads inputs[k]. */
 void BuildTable(MultiKind kind, const MultiConfig& cfg, std::vector<MXTensor>* inputs,
@@ -289,6 +314,7 @@ void BuildTable(MultiKind kind, const MultiConfig& cfg, std::vector<MXTensor>* i
   auto* in = reinterpret_cast<const float**>(base + static_cast<int64_t>(2 * num + 1) * 8);
   auto* lr = reinterpret_cast<float*>(base + static_cast<int64_t>(3 * num + 1) * 8);
   float* wd = lr + num;
+  float* prev_decay = wd + num;
   int64_t total = 0;
   for (int k = 0; k < num; ++k) {
     offsets[k] = total;
@@ -306,6 +332,7 @@ void BuildTable(MultiKind kind, const MultiConfig& cfg, std::vector<MXTensor>* i
     }
     lr[k] = IsUpdate(kind) ? cfg.lrs[k] : 0.0f;
     wd[k] = IsUpdate(kind) ? cfg.wds[k] : 0.0f;
+    prev_decay[k] = kind == MultiKind::kNagPredict ? cfg.prev_decays[k] : 0.0f;
   }
   offsets[num] = total;
   table->view = ViewSegmentTable(base, num);
@@ -336,9 +363,10 @@ bool CheckNoAliasing(MultiKind kind, const MultiConfig& cfg, std::vector<MXTenso
       }
       spans.push_back(SpanOf((*inputs)[num + k], InputName(kind, num, num + k), false));
     }
-    for (int which = 0; which < kNumFlat; ++which) {
+    for (int which = 0; which < NumFlat(kind); ++which) {
       if (which == kFlatVar && !cfg.adaptive) continue;
-      const bool written = (which == kFlatAux && kind == MultiKind::kLocal) || which == kFlatVar;
+      const bool written = (which == kFlatAux && kind == MultiKind::kLocal) ||
+                           which == kFlatVar || which == kFlatEst;
       spans.push_back(SpanOf((*inputs)[2 * num + which], FlatName(kind, which), written));
     }
     if (cfg.send) spans.push_back(SpanOf((*outputs)[num], "send_flat", true));
@@ -362,7 +390,7 @@ bool Prepare(const Attrs& attrs, MultiKind kind, std::vector<MXTensor>* inputs,
 FlatArrays FlatArraysOf(MultiKind kind, const MultiConfig& cfg, std::vector<MXTensor>* inputs,
                         std::vector<MXTensor>* outputs) {
   const int num = cfg.num;
-  FlatArrays f{nullptr, nullptr, nullptr, nullptr, nullptr};
+  FlatArrays f{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
   if (kind == MultiKind::kGather) {
     f.flat = static_cast<float*>((*outputs)[0].data_ptr);
   } else if (kind == MultiKind::kScatter) {
@@ -372,6 +400,9 @@ FlatArrays FlatArraysOf(MultiKind kind, const MultiConfig& cfg, std::vector<MXTe
     f.aux = static_cast<float*>((*inputs)[2 * num + kFlatAux].data_ptr);
     f.var = static_cast<float*>((*inputs)[2 * num + kFlatVar].data_ptr);
     f.send = cfg.send ? static_cast<float*>((*outputs)[num].data_ptr) : nullptr;
+    if (kind == MultiKind::kNagPredict) {
+      f.est = static_cast<float*>((*inputs)[2 * num + kFlatEst].data_ptr);
+    }
   }
   return f;
 }
@@ -409,6 +440,21 @@ __attribute__((noinline)) void MultiPredictRange(int64_t begin, int64_t end,
   }
 }
 
+template <bool kClip, bool kAdaptive, bool kSend>
+__attribute__((noinline)) void MultiNagPredictRange(int64_t begin, int64_t end,
+                                                    const UpdateParams p, float* __restrict__ w,
+                                                    const float* __restrict__ grad,
+                                                    const float* __restrict__ global_w,
+                                                    const float* __restrict__ prev_global_w,
+                                                    float* __restrict__ est,
+                                                    float* __restrict__ var,
+                                                    float* __restrict__ send) {
+  for (int64_t i = begin; i < end; ++i) {
+    NagPredictUpdateAt<kClip, kAdaptive, kSend>(i, p, w, grad, global_w, prev_global_w, est,
+                                                var, send);
+  }
+}
+
 /*! \brief Calls fn(k, b, e) for every array k that flat range [begin, end) touches, with
  *  [b, e) the touched part in array k's own indices. */
 template <typename SegmentFn>
@@ -436,9 +482,13 @@ void MultiUpdateCPU(MultiKind kind, const MultiConfig& cfg, const HostTable& tab
       if (kind == MultiKind::kLocal) {
         MultiLocalRange<kClip, kAdaptive, kSend>(b, e, q, t.out[k], t.in[k], f.global_w + off,
                                                  f.aux + off, var, send);
-      } else {
+      } else if (kind == MultiKind::kPredict) {
         MultiPredictRange<kClip, kAdaptive, kSend>(b, e, q, t.out[k], t.in[k],
                                                    f.global_w + off, f.aux + off, var, send);
+      } else {
+        MultiNagPredictRange<kClip, kAdaptive, kSend>(b, e, q, t.out[k], t.in[k],
+                                                      f.global_w + off, f.aux + off,
+                                                      f.est + off, var, send);
       }
     });
   });
@@ -552,5 +602,6 @@ MXReturnValue ForwardGPU(const Attrs& attrs, std::vector<MXTensor>* inputs,
 
 ODSGD_REGISTER_MULTI(odsgd_multi_local_update, odsgd::MultiKind::kLocal)
 ODSGD_REGISTER_MULTI(odsgd_multi_predict_update, odsgd::MultiKind::kPredict)
+ODSGD_REGISTER_MULTI(odsgd_multi_nag_predict_update, odsgd::MultiKind::kNagPredict)
 ODSGD_REGISTER_MULTI(odsgd_gather, odsgd::MultiKind::kGather)
 ODSGD_REGISTER_MULTI(odsgd_scatter, odsgd::MultiKind::kScatter)

@@ -450,10 +450,11 @@ class DistODSGD(KVStoreBase):
             raise TypeError("set_optimizer needs an mx.optimizer.Optimizer, got %r"
                             % type(optimizer).__name__)
         if self.config.local_optimizer == "predict" and \
-                type(optimizer) is not mx.optimizer.SGD:
+                type(optimizer) not in (mx.optimizer.SGD, mx.optimizer.NAG):
             raise ValueError("local_optimizer='predict' predicts an SGD step and needs the "
-                             "global optimizer 'sgd', got %r; use local_optimizer='sgd' "
-                             "with another global optimizer" % type(optimizer).__name__)
+                             "global optimizer 'sgd', got %r ('nag', SGD with Nesterov "
+                             "momentum, works too); use local_optimizer='sgd' with another "
+                             "global optimizer" % type(optimizer).__name__)
         self.raw.set_optimizer(ServerOptimizer(_server_safe(optimizer)))
         self.global_optimizer = optimizer
         self._server_lr = optimizer.lr

@@ -10,10 +10,15 @@ Each parameter uses its own rates, as the servers apply them (odsgd/rates.py): t
 rate times its lr_mult and the weight decay times its wd_mult, for 'predict' and 'sgd' alike
 (a frozen layer, lr_mult 0, stays where the servers keep it; biases with wd_mult 0 get no
 local weight decay).
+
+'predict' predicts the global optimizer's own step: SGD's from W_t and W_{t-1}, NAG's from
+W_t and an estimate of the servers' NAG state that the worker advances from the global weights
+and rates it receives (docs/predict.md states both rules).
 """
 import logging
 
 import mxnet as mx
+import numpy as np
 
 from . import native
 from .rates import global_learning_rate
@@ -48,6 +53,26 @@ def ndarray_predict_update_(weight, grad, global_weight, prev_global_weight, var
         g = g + _compensation(g, var, lam, adaptive, beta, eps) * (global_weight - weight)
     update = num_workers * g + wd * global_weight if wd else num_workers * g
     weight[:] = global_weight + momentum * (global_weight - prev_global_weight) - lr * update
+
+
+def ndarray_nag_predict_update_(weight, grad, global_weight, prev_global_weight, est, var, *,
+                                rescale_grad, clip_gradient, lr, momentum, wd, prev_decay, lam,
+                                adaptive, beta, eps, num_workers):
+    """NDArray fallback of the 'predict' step for the global optimizer NAG (docs/predict.md):
+    dW = W - W_prev;  est = (dW + mu est) / (1 + mu) - prev_decay dW;  a = mu est;
+    w = (W - a) + (1 + mu) (a - lr (N gc + wd W)),  gc = g + lam c g^2 (W - w)."""
+    g = grad * rescale_grad
+    if clip_gradient is not None and clip_gradient > 0:
+        g = mx.nd.clip(g, -clip_gradient, clip_gradient)
+    if lam:
+        g = g + _compensation(g, var, lam, adaptive, beta, eps) * (global_weight - weight)
+    # 1 + mu as MXNet's nag_mom_update forms it, in float32
+    one_plus_mu = float(np.float32(momentum) + np.float32(1.0))
+    delta = global_weight - prev_global_weight
+    est[:] = (delta + momentum * est) / one_plus_mu - prev_decay * delta
+    a = momentum * est
+    d = num_workers * g + wd * global_weight if wd else num_workers * g
+    weight[:] = (global_weight - a) + one_plus_mu * (a - lr * d)
 
 
 def _compensation(g, var, lam, adaptive, beta, eps):
@@ -92,6 +117,12 @@ class LocalUpdater(object):
         self._optimizer = None   # an mx.optimizer local optimizer
         self._updater = None
         self._fallback_logged = False
+        # 'predict' for the global optimizer NAG: group.mom holds the estimate of the servers'
+        # NAG state, advanced from W_{t-1}, W_t and the rates of the round between them
+        # (docs/predict.md).
+        self.nag_predict = (config.local_optimizer == "predict"
+                            and isinstance(global_optimizer, mx.optimizer.NAG))
+        self._last_rates = {}    # server key -> (step, lrs, wds) of its last local step
         if config.local_optimizer not in ("sgd", "predict"):
             self._optimizer = config.create_local_optimizer(learning_rate=0.01)
             self._updater = mx.optimizer.get_updater(self._optimizer)
@@ -136,6 +167,20 @@ class LocalUpdater(object):
             momentum = self.local_momentum()
         return ([lr * m for m, _ in multipliers], [wd * m for _, m in multipliers], momentum)
 
+    def previous_decays(self, group, step, multipliers):
+        """'predict' with NAG: per parameter, lr x wd (multipliers included) of the servers'
+        round that produced W_step from W_{step-1}. These are the rates this worker used at its
+        own step - 1 of the group when that was a local step (they are the rates it pushed that
+        round with: Trainer.set_learning_rate and multiplier changes reach the servers before
+        the push), else the global schedule's rates of step - 1 with the parameters' current
+        multipliers (the first OD step after a warm-up or a resume; at step 0, W_{-1} = W_0)."""
+        last = self._last_rates.get(group.server_key)
+        if last is not None and last[0] == step - 1 and len(last[1]) == len(multipliers):
+            lrs, wds = last[1], last[2]
+        else:
+            lrs, wds, _ = self.rates(max(step - 1, 0), multipliers)
+        return [lr * wd for lr, wd in zip(lrs, wds)]
+
     def _common(self):
         cfg = self.config
         return dict(rescale_grad=self.global_optimizer.rescale_grad,
@@ -147,13 +192,14 @@ class LocalUpdater(object):
 
     # -- states ----------------------------------------------------------------------------
     def prepare(self, group):
-        """Allocates the local states `group` needs: mom for 'sgd', var for the adaptive
+        """Allocates the local states `group` needs: mom for 'sgd' (and, for 'predict' with
+        the global optimizer NAG, the estimate of the servers' NAG state), var for the adaptive
         compensation (flat, in the group's layout, zero at first)."""
         cfg = self.config
 
         def zeros():
             return mx.nd.zeros((group.total,), group.context, dtype=group.dtype)
-        if group.mom is None and cfg.local_optimizer == "sgd":
+        if group.mom is None and (cfg.local_optimizer == "sgd" or self.nag_predict):
             group.mom = zeros()
         if group.var is None and cfg.compensation and cfg.compensation_mode == "adaptive":
             group.var = zeros()
@@ -161,7 +207,9 @@ class LocalUpdater(object):
     # -- the update ------------------------------------------------------------------------
     def update_group(self, group, step, weights, grads, multipliers, send=None):
         """Writes w_{step+1} into `weights` (which hold w_step on entry), from the group's
-        W_step (`group.current`) and W_{step-1} (`group.previous`).
+        W_step (`group.current`) and W_{step-1} (`group.previous`). For 'predict' with the
+        global optimizer NAG it also advances the estimate of the servers' NAG state
+        (`group.mom`).
 
         weights, grads: one NDArray per parameter of the group, in its order and shapes, on the
         group's context; grads are raw (summed over this worker's devices). multipliers: per
@@ -176,15 +224,21 @@ class LocalUpdater(object):
             self._optimizer_update(group, step, weights, grads, multipliers)
             return
         lrs, wds, momentum = self.rates(step, multipliers)
-        kind = cfg.local_optimizer
+        kind = "nag_predict" if self.nag_predict else cfg.local_optimizer
+        prev_decays = None
+        if self.nag_predict:
+            prev_decays = self.previous_decays(group, step, multipliers)
+            self._last_rates[group.server_key] = (step, lrs, wds)
         common = self._common()
         arrays = list(weights) + list(grads) + [group.current, group.previous]
         arrays += [a for a in (group.mom, group.var, send) if a is not None]
         if fused_ops_take(group, arrays):
             native.multi_update_(kind, weights, grads, group.current,
-                                 prev_global_flat=group.previous if kind == "predict" else None,
-                                 mom_flat=group.mom, var_flat=group.var, send_flat=send,
-                                 lrs=lrs, wds=wds, momentum=momentum,
+                                 prev_global_flat=group.previous if kind != "sgd" else None,
+                                 mom_flat=group.mom if kind == "sgd" else None,
+                                 est_flat=group.mom if kind == "nag_predict" else None,
+                                 var_flat=group.var, send_flat=send,
+                                 lrs=lrs, wds=wds, prev_decays=prev_decays, momentum=momentum,
                                  num_workers=self.num_workers, **common)
             return
         self._log_fallback(weights[0])
@@ -195,7 +249,12 @@ class LocalUpdater(object):
         moms = group.views(group.mom) if group.mom is not None else [None] * len(weights)
         variances = group.views(group.var) if group.var is not None else [None] * len(weights)
         for i, (weight, grad) in enumerate(zip(weights, grads)):
-            if kind == "predict":
+            if kind == "nag_predict":
+                ndarray_nag_predict_update_(weight, grad, W[i], W_prev[i], moms[i],
+                                            variances[i], lr=lrs[i], momentum=momentum,
+                                            wd=wds[i], prev_decay=prev_decays[i],
+                                            num_workers=self.num_workers, **common)
+            elif kind == "predict":
                 ndarray_predict_update_(weight, grad, W[i], W_prev[i], variances[i],
                                         lr=lrs[i], momentum=momentum, wd=wds[i],
                                         num_workers=self.num_workers, **common)
@@ -239,7 +298,8 @@ class LocalUpdater(object):
 
     # -- checkpoints -----------------------------------------------------------------------
     def get_states(self, groups):
-        """Local states per key as NumPy arrays (picklable), whatever groups hold them."""
+        """Local states per key as NumPy arrays (picklable), whatever groups hold them: the
+        momentum of 'sgd' or the NAG estimate of 'predict' (both in group.mom), v."""
         states = {}
         for group in groups:
             moms = group.views(group.mom) if group.mom is not None else None

@@ -52,3 +52,38 @@ def global_sgd_step(W, grad_sum, mom, *, rescale_grad, lr, momentum, wd, clip_gr
     mom *= F32(momentum)
     mom -= F32(lr) * (g + F32(wd) * W)
     return (W + mom).astype(F32)
+
+
+
+def global_nag_step(W, grad_sum, mom, *, rescale_grad, lr, momentum, wd, clip_gradient=None):
+    """MXNet 1.9.1's NAG on the servers, applied to the sum of the workers' gradients:
+    nag_mom_update in place (out = weight), whose kernel keeps the state scaled by the rate and
+    reads the weight for the state's weight decay after writing it:
+    a = mu mom;  W' = (W - a) + (mu + 1) (a - lr (G + wd W));  mom = a - lr (G + wd W').
+    With momentum 0 mx.optimizer.NAG keeps no state and applies sgd_update."""
+    g = rescale_and_clip(grad_sum, rescale_grad, clip_gradient)
+    if momentum == 0:
+        return (W - F32(lr) * (g + F32(wd) * W)).astype(F32)
+    a = F32(momentum) * mom
+    new_W = ((W - a) + (F32(momentum) + F32(1)) * (a - F32(lr) * (g + F32(wd) * W))).astype(F32)
+    mom[...] = a - F32(lr) * (g + F32(wd) * new_W)
+    return new_W
+
+
+def nag_predict_step(w, W, W_prev, grad, est, v, *, rescale_grad, lr, momentum, wd,
+                     prev_decay, lam, num_workers, mode="constant", beta=0.95, eps=1e-7,
+                     clip_gradient=None):
+    """One OD-phase 'predict' step for the global optimizer NAG (docs/predict.md). The
+    estimate est of the servers' state (global_nag_step's mom) is advanced in place from
+    dW = W_t - W_{t-1} and prev_decay = lr x wd of the round that produced W_t, which inverts
+    that round: est = (dW + mu est) / (1 + mu) - prev_decay dW. Then NAG's weight update with
+    the gradient sum N * gc is applied to W_t."""
+    g = rescale_and_clip(grad, rescale_grad, clip_gradient)
+    c = compensation_scale(g, v, mode, beta, eps)
+    gc = g + F32(lam) * c * g * g * (W - w)
+    one_plus_mu = F32(momentum) + F32(1)
+    dW = W - W_prev
+    est[...] = (dW + F32(momentum) * est) / one_plus_mu - F32(prev_decay) * dW
+    a = F32(momentum) * est
+    d = F32(num_workers) * gc + F32(wd) * W
+    return ((W - a) + one_plus_mu * (a - F32(lr) * d)).astype(F32)

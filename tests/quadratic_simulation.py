@@ -24,7 +24,7 @@ def simulate(workers, steps, lr, momentum=0.0, wd=0.0, rescale=1.0 / problem.BAT
              warmup_steps=0, local_optimizer="predict", local_lr=None, local_momentum=0.0,
              local_wd=0.0, compensation=0.0, compensation_mode="constant", clip=None,
              lr_at=None, lr_mults=(1.0, 1.0), wd_mults=(1.0, 1.0), lr_mults_at=None,
-             trained_from=(0, 0), initial=None):
+             trained_from=(0, 0), initial=None, optimizer="sgd", global_history=None):
     """NumPy simulation of OD-SGD on the quadratic problem. Returns per worker the local
     (weight, bias) after each step, and the final global (weight, bias).
 
@@ -32,7 +32,12 @@ def simulate(workers, steps, lr, momentum=0.0, wd=0.0, rescale=1.0 / problem.BAT
     update and in the local step ('predict': the global rates; 'sgd': local_lr and local_wd
     times the same multipliers). `lr_at(t)`: the global rate of step t; `lr_mults_at(t)`: the
     multipliers of step t when they change. Parameter k is trained from step trained_from[k]
-    on; before that neither the servers nor the workers change it."""
+    on; before that neither the servers nor the workers change it.
+
+    optimizer 'nag': the servers run MXNet 1.9.1's NAG (ref.global_nag_step) and 'predict'
+    is its NAG rule (ref.nag_predict_step): each worker's estimate of the servers' state
+    starts at 0 and is advanced at each of its OD steps with lr x wd of the servers' previous
+    round. global_history: a list that receives the global (weight, bias) after every step."""
     lr_at = lr_at or (lambda t: lr)
     lr_mults_at = lr_mults_at or (lambda t: lr_mults)
     W = [a.copy() for a in (initial or problem.initial_weights())]
@@ -40,6 +45,7 @@ def simulate(workers, steps, lr, momentum=0.0, wd=0.0, rescale=1.0 / problem.BAT
     mom_global = [np.zeros_like(a) for a in W]
     local = [[a.copy() for a in W] for _ in range(workers)]
     m = [[np.zeros_like(a) for a in W] for _ in range(workers)]
+    est = [[np.zeros_like(a) for a in W] for _ in range(workers)]
     v = [[np.zeros_like(a) for a in W] for _ in range(workers)]
     history = [[[], []] for _ in range(workers)]
     for t in range(steps):
@@ -47,16 +53,26 @@ def simulate(workers, steps, lr, momentum=0.0, wd=0.0, rescale=1.0 / problem.BAT
                  for i in range(workers)]
         lr_mult = lr_mults_at(t)
         trained = [t >= trained_from[k] for k in range(2)]
-        new_W = [ref.global_sgd_step(W[k], sum(g[k] for g in grads), mom_global[k],
-                                     rescale_grad=rescale, lr=lr_at(t) * lr_mult[k],
-                                     momentum=momentum, wd=wd * wd_mults[k])
+        global_step = ref.global_nag_step if optimizer == "nag" else ref.global_sgd_step
+        new_W = [global_step(W[k], sum(g[k] for g in grads), mom_global[k],
+                             rescale_grad=rescale, lr=lr_at(t) * lr_mult[k],
+                             momentum=momentum, wd=wd * wd_mults[k])
                  if trained[k] else W[k] for k in range(2)]
+        # lr x wd of the round that produced W (the first round's at t = 0: W_prev = W then)
+        prev_decays = [lr_at(max(t - 1, 0)) * lr_mults_at(max(t - 1, 0))[k] * wd * wd_mults[k]
+                       for k in range(2)]
         for i in range(workers):
             for k in range(2):
                 if not trained[k]:
                     pass
                 elif t < warmup_steps:
                     local[i][k] = new_W[k].copy()
+                elif local_optimizer == "predict" and optimizer == "nag":
+                    local[i][k] = ref.nag_predict_step(
+                        local[i][k], W[k], W_prev[k], grads[i][k], est[i][k], v[i][k],
+                        rescale_grad=rescale, lr=lr_at(t) * lr_mult[k], momentum=momentum,
+                        wd=wd * wd_mults[k], prev_decay=prev_decays[k], lam=compensation,
+                        num_workers=workers, mode=compensation_mode, clip_gradient=clip)
                 elif local_optimizer == "predict":
                     local[i][k] = ref.predict_step(
                         local[i][k], W[k], W_prev[k], grads[i][k], v[i][k],
@@ -72,6 +88,8 @@ def simulate(workers, steps, lr, momentum=0.0, wd=0.0, rescale=1.0 / problem.BAT
                 history[i][k].append(local[i][k].copy())
         W_prev = [W[k] if trained[k] else W_prev[k] for k in range(2)]
         W = new_W
+        if global_history is not None:
+            global_history.append([a.copy() for a in W])
     return history, W
 
 
@@ -83,3 +101,15 @@ def assert_matches(results, history, W, rtol=RTOL, atol=ATOL):
                                    rtol=rtol, atol=atol, err_msg="worker %d bias" % rank)
         np.testing.assert_allclose(result["global_weight"], W[0], rtol=rtol, atol=atol)
         np.testing.assert_allclose(result["global_bias"], W[1], rtol=rtol, atol=atol)
+
+
+def assert_global_steps(results, global_history, rtol=RTOL, atol=ATOL):
+    """Each rank's global weights after every step (quadratic_job --record-global 1) equal
+    the simulation's."""
+    for rank, result in enumerate(results):
+        assert len(result["global_weight_steps"]) == len(global_history)
+        for t, (weight, bias) in enumerate(global_history):
+            np.testing.assert_allclose(result["global_weight_steps"][t], weight, rtol=rtol,
+                                       atol=atol, err_msg="worker %d, W_%d weight" % (rank, t + 1))
+            np.testing.assert_allclose(result["global_bias_steps"][t], bias, rtol=rtol,
+                                       atol=atol, err_msg="worker %d, W_%d bias" % (rank, t + 1))

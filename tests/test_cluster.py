@@ -66,6 +66,22 @@ def test_set_learning_rate_reaches_servers(tmp_path):
     assert_matches(results, history, W)
 
 
+def test_gluoncv_schedule_reaches_the_servers(tmp_path):
+    """A GluonCV LRSequential (linear warm-up, then cosine), which the servers cannot unpickle,
+    is translated on the worker: the servers and the local steps use GluonCV's own rate at
+    every update count (computed here from a GluonCV object of our own)."""
+    from jobs.quadratic_job import gluoncv_schedule
+    options = dict(steps=10, lr=0.08, momentum=0.9, wd=1e-3, warmup_steps=2,
+                   local_optimizer="predict")
+    results = run(tmp_path, gluoncv_warmup_steps=3, **options)
+    reference = gluoncv_schedule(0.08, 3, 10)
+    rates = [reference(t + 1) for t in range(10)]   # MXNet's 1-based update count
+    assert len(set(rates)) > 5   # warm-up and decay: a wrong count would show
+    history, W = simulate(2, **{k: v for k, v in options.items() if k != "steps"}, steps=10,
+                          lr_at=lambda t: rates[t])
+    assert_matches(results, history, W)
+
+
 def test_lr_schedule_counts_global_steps(tmp_path):
     """A FactorScheduler halves the rate every 3 global steps on the servers, and
     trainer.learning_rate on the workers follows it."""
@@ -79,3 +95,19 @@ def test_lr_schedule_counts_global_steps(tmp_path):
     assert_matches(results, history, W)
     np.testing.assert_allclose(results[0]["learning_rates"], [lr_at(t) for t in range(9)],
                                rtol=1e-6)
+
+
+def test_gluoncv_nag_trainer_by_name(tmp_path):
+    """GluonCV's use: gluon.Trainer(params, 'nag', {'learning_rate', 'momentum': 0.9, 'wd'},
+    kvstore='dist_odsgd') with the store's defaults ('predict', no warm-up): runs end to end
+    on 2 workers and follows the NumPy simulation of NAG 'predict' at every step, the global
+    weights after every step included."""
+    from quadratic_simulation import assert_global_steps
+    results = run(tmp_path, optimizer="nag", store_by_name=1, record_global=1, steps=6,
+                  lr=0.1, momentum=0.9, wd=1e-4)
+    global_history = []
+    history, W = simulate(2, 6, 0.1, momentum=0.9, wd=1e-4, optimizer="nag",
+                          global_history=global_history)
+    assert_matches(results, history, W)
+    assert_global_steps(results, global_history)
+    assert str(results[0]["type"]) == "dist_odsgd"

@@ -151,3 +151,24 @@ def test_float16_weights_with_multi_precision(tmp_path):
     od = run(tmp_path / "od", kvstore="dist_odsgd", warmup_steps=2, **common)
     history, W = simulate(2, 6, 0.05, momentum=0.9, wd=1e-3, warmup_steps=2)
     assert_matches(od, history, W, rtol=2e-2, atol=5e-3)   # float16: 11-bit mantissa
+
+
+def test_nag_predict_matches_numpy_at_every_step(tmp_path):
+    """Global optimizer NAG (MXNet 1.9.1's nag_mom_update on the servers) with 'predict':
+    wd 0.05, lr_mult 0.3 on the weight, wd_mult 0 on the bias, 2 warm-up steps, constant
+    compensation, and Trainer.set_learning_rate at step 5. Every worker's local weights and
+    the global weights after every step equal the simulation, whose servers run MXNet's NAG
+    rule and whose workers keep the estimate of the servers' state that docs/predict.md
+    states (from 0 at the first OD step, advanced with lr x wd of the round before)."""
+    from quadratic_simulation import assert_global_steps
+    options = dict(steps=9, lr=0.05, momentum=0.9, wd=0.05, warmup_steps=2,
+                   local_optimizer="predict", compensation=0.3, lr_mult_weight=0.3,
+                   wd_mult_bias=0.0, lr_change_step=5, lr_change_to=0.02)
+    results = run(tmp_path, optimizer="nag", record_global=1, **options)
+    global_history = []
+    history, W = simulate(2, 9, 0.05, momentum=0.9, wd=0.05, warmup_steps=2,
+                          local_optimizer="predict", compensation=0.3, lr_mults=(0.3, 1.0),
+                          wd_mults=(1.0, 0.0), lr_at=lambda t: 0.05 if t < 5 else 0.02,
+                          optimizer="nag", global_history=global_history)
+    assert_matches(results, history, W)
+    assert_global_steps(results, global_history)

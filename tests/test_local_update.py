@@ -217,3 +217,137 @@ def test_group_update_uses_each_parameters_rates(path):
                                     wd=1e-3 * wd_mult, lam=0.0, num_workers=3)
         np.testing.assert_allclose(weights[i].asnumpy(), expected, rtol=RTOL, atol=ATOL)
         np.testing.assert_array_equal(group.views(send)[i].asnumpy(), g[i])
+
+
+# -- 'predict' for the global optimizer NAG (docs/predict.md) ------------------------------
+
+def nag_global(lr=0.1, momentum=0.9, wd=1e-3, rescale=0.25, **kwargs):
+    return mx.optimizer.NAG(learning_rate=lr, momentum=momentum, wd=wd, rescale_grad=rescale,
+                            **kwargs)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("lam,mode,clip", [(0.0, "constant", None), (0.5, "constant", 0.3),
+                                           (0.5, "adaptive", None)])
+def test_nag_predict(path, shape, lam, mode, clip):
+    """The global optimizer NAG: 'predict' keeps the estimate of the servers' state and
+    applies NAG's update with N * gc, step after step (the estimate carried over)."""
+    rng = np.random.RandomState(hash(("nag", shape, lam, mode, clip)) % 2**31)
+    params = {"clip_gradient": clip} if clip else None
+    updater = LocalUpdater(ODSGDConfig(environ={}, local_optimizer="predict", compensation=lam,
+                                       compensation_mode=mode, local_optimizer_params=params),
+                           nag_global(), 3)
+    assert updater.nag_predict
+    w, W, W_prev, _ = arrays(shape, rng)
+    est, v = np.zeros_like(w), np.zeros_like(w)
+    weight = mx.nd.array(w)
+    for step in range(4):
+        grad = rng.uniform(-2, 2, shape).astype(np.float32)
+        expected = ref.nag_predict_step(w, W, W_prev, grad, est, v, rescale_grad=0.25, lr=0.1,
+                                        momentum=0.9, wd=1e-3, prev_decay=0.1 * 1e-3, lam=lam,
+                                        num_workers=3, mode=mode, clip_gradient=clip)
+        updater.update(0, step, weight, mx.nd.array(grad), mx.nd.array(W), mx.nd.array(W_prev))
+        np.testing.assert_allclose(weight.asnumpy(), expected, rtol=RTOL, atol=ATOL,
+                                   err_msg="step %d" % step)
+        group = updater._groups[0]
+        np.testing.assert_allclose(group.mom.asnumpy().reshape(shape), est, rtol=RTOL,
+                                   atol=ATOL, err_msg="estimate, step %d" % step)
+        w, W_prev, W = expected, W, W + rng.uniform(-0.1, 0.1, shape).astype(np.float32)
+
+
+def _nag_group(rng, shapes):
+    from odsgd.key_groups import KeyGroup
+    weights = [mx.nd.array(rng.uniform(-1, 1, s).astype(np.float32)) for s in shapes]
+    return KeyGroup(9, ["a", "b", "c"][:len(shapes)], list(range(len(shapes))), weights), weights
+
+
+def _set_global(group, W, W_prev):
+    for view, value in zip(group.views(group.current), W):
+        view[:] = value
+    for view, value in zip(group.views(group.previous), W_prev):
+        view[:] = value
+
+
+def test_nag_predict_uses_the_rates_of_the_round_before(path):
+    """update_group with per-parameter multipliers: this step's lr * lr_mult and wd * wd_mult
+    for the prediction, and lr * wd of the round that produced W_t for the estimate: the
+    schedule's rate of step - 1 at the first call, then the rates the worker used at its
+    previous step, so that a Trainer.set_learning_rate between two steps is seen one round
+    late, as by the servers."""
+    rng = np.random.RandomState(31)
+    shapes = [(3, 4), (5,), (2, 2, 2)]
+    multipliers = [(0.3, 1.0), (1.0, 0.0), (0.5, 2.0)]
+    optimizer = nag_global(lr=0.1, wd=0.01,
+                           lr_scheduler=mx.lr_scheduler.FactorScheduler(2, 0.5, base_lr=0.1))
+    updater = LocalUpdater(ODSGDConfig(environ={}), optimizer, 2)   # 'predict' by default
+    group, weights = _nag_group(rng, shapes)
+    w = [a.asnumpy() for a in weights]
+    est = [np.zeros(s, np.float32) for s in shapes]
+    W = [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes]
+    W_prev = [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes]
+
+    def lr_at(step):   # FactorScheduler(2, 0.5) at count step + 1, until the schedule is dropped
+        return 0.1 * 0.5 ** (step // 2)
+    prev_lr = lr_at(4)          # first call at step 5: the schedule's rate of step 4
+    for step in (5, 6, 7):
+        if step == 7:           # Trainer.set_learning_rate without a schedule
+            optimizer.lr_scheduler = None
+            optimizer.set_learning_rate(0.02)
+        lr = 0.02 if step == 7 else lr_at(step)
+        _set_global(group, W, W_prev)
+        g = [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes]
+        updater.update_group(group, step, weights, [mx.nd.array(a) for a in g], multipliers)
+        for i, (lr_mult, wd_mult) in enumerate(multipliers):
+            w[i] = ref.nag_predict_step(w[i], W[i], W_prev[i], g[i], est[i], np.zeros_like(w[i]),
+                                        rescale_grad=0.25, lr=lr * lr_mult, momentum=0.9,
+                                        wd=0.01 * wd_mult,
+                                        prev_decay=prev_lr * lr_mult * 0.01 * wd_mult,
+                                        lam=0.0, num_workers=2)
+            np.testing.assert_allclose(weights[i].asnumpy(), w[i], rtol=RTOL, atol=ATOL,
+                                       err_msg="step %d, array %d" % (step, i))
+        np.testing.assert_allclose(group.mom.asnumpy(),
+                                   np.concatenate([e.ravel() for e in est]), rtol=RTOL,
+                                   atol=ATOL)
+        prev_lr = lr
+        W_prev, W = W, [a + rng.uniform(-0.1, 0.1, a.shape).astype(np.float32) for a in W]
+
+
+def test_nag_predict_estimate_survives_a_checkpoint(path):
+    """get_states / set_states carry the estimate: a fresh updater loaded from the states
+    continues exactly as the one that saved them."""
+    rng = np.random.RandomState(41)
+    shapes = [(6,), (2, 3)]
+    updaters = [LocalUpdater(ODSGDConfig(environ={}), nag_global(), 2) for _ in range(2)]
+    group, weights = _nag_group(rng, shapes)
+    multipliers = [(1.0, 1.0)] * 2
+    for step in range(3):
+        _set_global(group, [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes],
+                    [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes])
+        updaters[0].update_group(group, step, weights,
+                                 [mx.nd.array(rng.uniform(-1, 1, s)) for s in shapes],
+                                 multipliers)
+    saved = updaters[0].get_states([group])
+    assert np.abs(np.concatenate([saved["states"][k][0].ravel() for k in ("a", "b")])).max() > 0
+    other, other_weights = _nag_group(np.random.RandomState(0), shapes)
+    for a, b in zip(other_weights, weights):
+        b.copyto(a)
+    group.current.copyto(other.current)
+    group.previous.copyto(other.previous)
+    updaters[1].set_states(saved, [other])
+    np.testing.assert_array_equal(other.mom.asnumpy(), group.mom.asnumpy())
+    grads = [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes]
+    for updater, g_, ws in ((updaters[0], group, weights), (updaters[1], other, other_weights)):
+        updater.update_group(g_, 3, ws, [mx.nd.array(a) for a in grads], multipliers)
+    for a, b in zip(weights, other_weights):
+        np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
+    np.testing.assert_array_equal(other.mom.asnumpy(), group.mom.asnumpy())
+
+
+def test_nag_predict_allocates_no_state_for_sgd():
+    """Only NAG needs the estimate: 'predict' with SGD keeps no per-parameter state."""
+    from odsgd.key_groups import KeyGroup
+    group = KeyGroup(3, ["a"], [0], [mx.nd.zeros((4,))])
+    LocalUpdater(ODSGDConfig(environ={}), mx.optimizer.SGD(momentum=0.9), 2).prepare(group)
+    assert group.mom is None
+    LocalUpdater(ODSGDConfig(environ={}), nag_global(), 2).prepare(group)
+    assert group.mom is not None and group.mom.shape == (4,)

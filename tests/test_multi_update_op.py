@@ -354,3 +354,208 @@ def test_a_failure_inside_the_operator_surfaces_at_the_next_call(native):  # noq
     with pytest.raises(mx.base.MXNetError) as caught:
         send.asnumpy()
     assert "shares memory with" in _last_extension_error(caught.value)
+
+
+# ------------------------------------------------------------------------------------------
+# 'predict' for the global optimizer NAG (docs/predict.md)
+
+def _nag_kernel(W, grad_sum, mom, **options):
+    """mx.nd.nag_mom_update, MXNet's own NAG kernel, on copies: (W', mom')."""
+    import mxnet as mx
+    weight, state = _nd(W), _nd(mom)
+    mx.nd.nag_mom_update(weight, _nd(grad_sum), state, out=weight, **options)
+    return weight.asnumpy(), state.asnumpy()
+
+
+@pytest.mark.parametrize("clip", [False, True])
+def test_nag_reference_is_mxnets_nag(clip):
+    """ref.global_nag_step equals MXNet 1.9.1's nag_mom_update (and mx.optimizer.NAG's update
+    with momentum 0, plain sgd_update), clipping included: the servers' rule the NAG predict
+    estimates."""
+    import mxnet as mx
+    rng = np.random.default_rng(_seed("nag-kernel", clip))
+    W = rng.standard_normal(500).astype(np.float32)
+    mom = rng.standard_normal(500).astype(np.float32)
+    grad = (3.0 * rng.standard_normal(500)).astype(np.float32)
+    options = dict(lr=0.1, wd=0.01, momentum=0.9, rescale_grad=0.5)
+    if clip:
+        options["clip_gradient"] = 0.8
+    expected_W, expected_mom = _nag_kernel(W, grad, mom, **options)
+    m = mom.copy()
+    got = ref.global_nag_step(W, grad, m, rescale_grad=0.5, lr=0.1, momentum=0.9, wd=0.01,
+                              clip_gradient=0.8 if clip else None)
+    np.testing.assert_allclose(got, expected_W, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(m, expected_mom, rtol=RTOL, atol=ATOL)
+    # momentum 0: mx.optimizer.NAG keeps no state and applies sgd_update
+    optimizer = mx.optimizer.NAG(learning_rate=0.1, momentum=0.0, wd=0.01, rescale_grad=0.5,
+                                 clip_gradient=0.8 if clip else None)
+    weight = _nd(W)
+    optimizer.update(0, weight, _nd(grad), optimizer.create_state(0, weight))
+    got = ref.global_nag_step(W, grad, np.zeros_like(W), rescale_grad=0.5, lr=0.1, momentum=0.0,
+                              wd=0.01, clip_gradient=0.8 if clip else None)
+    np.testing.assert_allclose(got, weight.asnumpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_nag_estimate_recovers_the_servers_state():
+    """The estimate rule of ref.nag_predict_step, fed the global weights of MXNet's own NAG
+    kernel run with changing rates (0 included) and wd, recovers the kernel's state: to
+    float32 rounding from a zero start, and from a wrong start with its error shrinking by
+    mu / (1 + mu) a step."""
+    rng = np.random.default_rng(3)
+    mu = 0.9
+    W = rng.standard_normal(300).astype(np.float32)
+    state = np.zeros_like(W)
+    est, wrong = np.zeros_like(W), np.ones_like(W)
+    errors = []
+    for t, lr in enumerate([0.1, 0.05, 0.0, 0.2, 0.1, 0.1, 0.02, 0.1]):
+        W_prev = W
+        W, state = _nag_kernel(W, rng.standard_normal(300).astype(np.float32), state, lr=lr,
+                               wd=0.01, momentum=mu, rescale_grad=0.5)
+        for e in (est, wrong):   # the estimate part of the rule alone (lr, grad irrelevant)
+            ref.nag_predict_step(W, W, W_prev, np.zeros_like(W), e, np.zeros_like(W),
+                                 rescale_grad=1.0, lr=0.0, momentum=mu, wd=0.0,
+                                 prev_decay=lr * 0.01, lam=0.0, num_workers=1)
+        np.testing.assert_allclose(est, state, rtol=1e-5, atol=1e-6, err_msg="step %d" % t)
+        errors.append(np.abs(wrong - state).max())
+    np.testing.assert_allclose(errors, [(mu / (1 + mu)) ** (t + 1) for t in range(8)],
+                               rtol=1e-3)
+
+
+def test_nag_predict_is_nag_applied_to_n_times_the_gradient():
+    """With the estimate right before the step (est = the servers' state of W_{t-1}), the
+    step's estimate is the servers' state of W_t and the prediction is MXNet's NAG step on
+    W_t with the gradient sum N * g (lam = 0), at another rate than the round before."""
+    rng = np.random.default_rng(4)
+    W_prev = rng.standard_normal(200).astype(np.float32)
+    state_prev = rng.standard_normal(200).astype(np.float32)
+    W, state = _nag_kernel(W_prev, rng.standard_normal(200).astype(np.float32), state_prev,
+                           lr=0.1, wd=0.01, momentum=0.9, rescale_grad=0.5)
+    grad = rng.standard_normal(200).astype(np.float32)
+    est = state_prev.copy()
+    predicted = ref.nag_predict_step(W, W, W_prev, grad, est, np.zeros_like(W), rescale_grad=0.5,
+                                     lr=0.05, momentum=0.9, wd=0.01, prev_decay=0.1 * 0.01,
+                                     lam=0.0, num_workers=3)
+    np.testing.assert_allclose(est, state, rtol=1e-5, atol=1e-6)
+    expected, _ = _nag_kernel(W, 3 * grad, state, lr=0.05, wd=0.01, momentum=0.9,
+                              rescale_grad=0.5)
+    np.testing.assert_allclose(predicted, expected, rtol=RTOL, atol=ATOL)
+
+
+NAG_OPTIONS = list(itertools.product(["constant", "adaptive"], [False, True], [False, True]))
+
+
+@pytest.mark.parametrize("mode,clip,with_send", NAG_OPTIONS)
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_multi_nag_predict_matches_reference(native, group, mode, clip, with_send):  # noqa: F811
+    """Kind 'nag_predict': every array k with its own lr and wd, the estimate and v carried
+    over STEPS steps, against the NumPy reference; and the NDArray fallback of
+    odsgd.local_update on the same inputs."""
+    import mxnet as mx
+    from odsgd.local_update import ndarray_nag_predict_update_
+    shapes = GROUPS[group]
+    P = len(shapes)
+    rng = np.random.default_rng(_seed("nag", group, mode, clip, with_send))
+    lrs = [float(x) for x in rng.uniform(0.01, 0.2, P)]
+    wds = [float(x) for x in rng.choice([0.0, 0.01, 0.05], P)]
+    decays = [float(x) for x in rng.choice([0.0, 1e-3, 0.02], P)]
+    common = dict(rescale_grad=0.5, clip_gradient=0.8 if clip else None, momentum=0.9,
+                  lam=0.5, beta=0.9, eps=1e-7)
+    W = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    w = [(a + 0.3 * rng.standard_normal(a.shape)).astype(np.float32) for a in W]
+    W_prev = [(a + 0.1 * rng.standard_normal(a.shape)).astype(np.float32) for a in W]
+    est = [np.zeros(s, np.float32) for s in shapes]
+    v = [np.zeros(s, np.float32) for s in shapes]
+    weights = [_nd(a) for a in w]
+    fallback = [_nd(a) for a in w]
+    total = sum(a.size for a in w)
+    est_flat = _nd(np.zeros(total, np.float32))
+    est_fallback = [mx.nd.zeros(s) for s in shapes]
+    var_flat = _nd(_flat(v)) if mode == "adaptive" else None
+    var_fallback = [mx.nd.zeros(s) for s in shapes]
+    for t in range(STEPS):
+        grads_np = [(2.0 * rng.standard_normal(s)).astype(np.float32) for s in shapes]
+        send = _nd(np.full((total,), -7.0, np.float32)) if with_send else None
+        for k in range(P):
+            w[k] = ref.nag_predict_step(w[k], W[k], W_prev[k], grads_np[k], est[k], v[k],
+                                        lr=lrs[k], wd=wds[k], prev_decay=decays[k],
+                                        num_workers=3, mode=mode, **common)
+        returned = native.multi_update_("nag_predict", weights, [_nd(g) for g in grads_np],
+                                        _nd(_flat(W)), prev_global_flat=_nd(_flat(W_prev)),
+                                        est_flat=est_flat, var_flat=var_flat, send_flat=send,
+                                        lrs=lrs, wds=wds, prev_decays=decays,
+                                        adaptive=mode == "adaptive",
+                                        num_workers=3, **common)
+        assert returned is weights
+        for k in range(P):
+            ndarray_nag_predict_update_(fallback[k], _nd(grads_np[k]), _nd(W[k]),
+                                        _nd(W_prev[k]), est_fallback[k], var_fallback[k],
+                                        lr=lrs[k], wd=wds[k], prev_decay=decays[k],
+                                        num_workers=3,
+                                        adaptive=mode == "adaptive", **common)
+        for k in range(P):
+            np.testing.assert_allclose(weights[k].asnumpy(), w[k], rtol=RTOL, atol=ATOL,
+                                       err_msg="weight %d, step %d" % (k, t))
+            np.testing.assert_allclose(fallback[k].asnumpy(), w[k], rtol=RTOL, atol=ATOL,
+                                       err_msg="fallback weight %d, step %d" % (k, t))
+        np.testing.assert_allclose(est_flat.asnumpy(), _flat(est), rtol=RTOL, atol=ATOL,
+                                   err_msg="estimate, step %d" % t)
+        np.testing.assert_allclose(_flat([e.asnumpy() for e in est_fallback]), _flat(est),
+                                   rtol=RTOL, atol=ATOL, err_msg="fallback estimate")
+        if mode == "adaptive":
+            np.testing.assert_allclose(var_flat.asnumpy(), _flat(v), rtol=RTOL, atol=ATOL,
+                                       err_msg="var, step %d" % t)
+        if with_send:
+            np.testing.assert_array_equal(send.asnumpy(), _flat(grads_np))
+        W_prev, W = W, [(a + 0.1 * rng.standard_normal(a.shape)).astype(np.float32) for a in W]
+
+
+@pytest.mark.parametrize("case,error,message", [
+    ("without_est", TypeError, "kind 'nag_predict' needs est_flat"),
+    ("without_prev", TypeError, "kind 'nag_predict' needs prev_global_flat"),
+    ("predict_with_est", TypeError, "kind 'predict' does not use est_flat"),
+    ("with_mom", TypeError, "kind 'nag_predict' does not use mom_flat"),
+    ("without_decays", ValueError, "kind 'nag_predict' needs prev_decays"),
+    ("decays_length", ValueError, "kind 'nag_predict' needs prev_decays"),
+    ("predict_with_decays", TypeError, "kind 'predict' does not use prev_decays"),
+])
+def test_nag_predict_python_side_misuse_is_refused(native, case, error, message):  # noqa: F811
+    weights, grads, global_flat, est = _group()
+    kwargs = dict(COMMON, lrs=[0.1] * 3, wds=[0.0] * 3, prev_global_flat=global_flat,
+                  est_flat=est, prev_decays=[0.0] * 3)
+    kind = "nag_predict"
+    if case == "without_decays":
+        kwargs["prev_decays"] = None
+    elif case == "decays_length":
+        kwargs["prev_decays"] = [0.0] * 2
+    elif case == "predict_with_decays":
+        kind, kwargs["est_flat"] = "predict", None
+    elif case == "without_est":
+        kwargs["est_flat"] = None
+    elif case == "without_prev":
+        kwargs["prev_global_flat"] = None
+    elif case == "predict_with_est":
+        kind, kwargs["prev_decays"] = "predict", None
+    else:
+        kwargs["mom_flat"] = est
+    with pytest.raises(error) as caught:
+        native.multi_update_(kind, weights, grads, global_flat, **kwargs)
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("case,message", [
+    ("est_length", "'est_flat' has shape (11,) but must be 1-D of length 12"),
+    ("est_is_global", "shares memory with"),
+])
+def test_nag_predict_operator_misuse_gets_a_clear_error(native, case, message):  # noqa: F811
+    import mxnet as mx
+    weights, grads, global_flat, est = _group()
+    if case == "est_length":
+        est = mx.nd.zeros((11,))
+    else:
+        est = global_flat
+    with pytest.raises(mx.base.MXNetError) as caught:
+        native.multi_update_("nag_predict", weights, grads, global_flat,
+                             prev_global_flat=mx.nd.zeros((12,)), est_flat=est,
+                             lrs=[0.1] * 3, wds=[0.0] * 3, prev_decays=[0.0] * 3, **COMMON)
+        mx.nd.waitall()
+    assert message in _last_extension_error(caught.value)

@@ -17,7 +17,8 @@ BUILD_INFO_NAME = "build_info.json"
 REBUILD_HINT = "rebuild it with `make native` or `python -m odsgd.native build`"
 #: every operator the library registers; load() checks that all of them appeared
 OP_NAMES = ("odsgd_local_update", "odsgd_predict_update", "odsgd_multi_local_update",
-            "odsgd_multi_predict_update", "odsgd_gather", "odsgd_scatter")
+            "odsgd_multi_predict_update", "odsgd_multi_nag_predict_update", "odsgd_gather",
+            "odsgd_scatter")
 
 
 def library_path():

@@ -242,12 +242,22 @@ def _var_or_placeholder(var, weight, adaptive, caller, name):
 # Multi-array operators
 
 def multi_update_(kind, weights, grads, global_flat, *, prev_global_flat=None, mom_flat=None,
-                  var_flat=None, send_flat=None, lrs, wds, rescale_grad, clip_gradient,
-                  momentum, lam, adaptive, beta, eps, num_workers=1):
+                  var_flat=None, send_flat=None, est_flat=None, lrs, wds, prev_decays=None,
+                  rescale_grad, clip_gradient, momentum, lam, adaptive, beta, eps,
+                  num_workers=1):
     """The local step of OD-SGD (SPEC.md section 2) on P arrays at once: one operator call.
 
     The per-element math is exactly `local_update_` (kind 'sgd') or `predict_update_`
-    (kind 'predict'), array k with lr = lrs[k] and wd = wds[k].
+    (kind 'predict'), array k with lr = lrs[k] and wd = wds[k]. Kind 'nag_predict' is the
+    'predict' step for the global optimizer NAG (docs/predict.md), per element in float32::
+
+        g, c, gc as in `predict_update_` (v updated first when adaptive)
+        dW  = W - W_prev
+        est = (dW + momentum * est) / (1 + momentum) - prev_decay * dW
+        a   = momentum * est;  d = num_workers * gc + wd * W
+        w   = (W - a) + (1 + momentum) * (a - lr * d)
+
+    with 1 + momentum formed in float32 (as MXNet's nag_mom_update does).
 
     The flat layout: array k of n_k elements occupies [off_k, off_k + n_k) of a 1-D float32
     array of length N = n_0 + ... + n_{P-1} (off_0 = 0, arrays in the order given, each
@@ -255,7 +265,7 @@ def multi_update_(kind, weights, grads, global_flat, *, prev_global_flat=None, m
 
     Parameters
     ----------
-    kind : {'sgd', 'predict'}
+    kind : {'sgd', 'predict', 'nag_predict'}
     weights : list of P NDArrays, float32, any shapes, one context
         w_t in, w_{t+1} out, in place (any layout: see odsgd.native.layout).
     grads : list of P NDArrays, float32, shaped like the weights
@@ -263,23 +273,29 @@ def multi_update_(kind, weights, grads, global_flat, *, prev_global_flat=None, m
     global_flat : NDArray, float32, (N,)
         W_t of the P arrays, flat layout. Read only.
     prev_global_flat : NDArray, float32, (N,)
-        'predict' only (required): W_{t-1}, flat layout; may be global_flat itself when no
-        earlier global weights exist. Read only.
+        'predict' and 'nag_predict' only (required): W_{t-1}, flat layout; may be
+        global_flat itself when no earlier global weights exist. Read only.
     mom_flat : NDArray, float32, (N,)
         'sgd' only (required): the momentum m, flat layout; updated in place.
     var_flat : NDArray, float32, (N,), or None
         v of the adaptive mode, flat layout, updated in place; required when `adaptive`.
+    est_flat : NDArray, float32, (N,)
+        'nag_predict' only (required): the estimate of the servers' NAG state, flat layout
+        (starts at 0); updated in place.
     send_flat : NDArray, float32, (N,), or None
         When given, the same call also writes send_flat[off_k:off_k+n_k] = grads[k].ravel()
         (the raw gradient, for the push).
     lrs, wds : sequences of P floats
         Per-array learning rate and weight decay ('sgd': the local optimizer's; 'predict':
         the global optimizer's lr x lr_mult and wd x wd_mult, as the servers apply them).
+    prev_decays : sequence of P floats
+        'nag_predict' only (required): per array, lr x wd (multipliers included) of the
+        servers' round that produced W (global_flat) from W_prev.
     rescale_grad, clip_gradient, momentum, lam, adaptive, beta, eps
         As in `local_update_` (momentum: the local mu_l for 'sgd', the global mu for
-        'predict').
+        'predict' and 'nag_predict').
     num_workers : int
-        'predict': N, the number of workers.
+        'predict' and 'nag_predict': N, the number of workers.
 
     Returns
     -------
@@ -295,8 +311,9 @@ def multi_update_(kind, weights, grads, global_flat, *, prev_global_flat=None, m
         length. Arrays whose memory overlaps are refused when the operator runs (raised at
         the next wait on a written array).
     """
-    if kind not in ("sgd", "predict"):
-        raise ValueError("odsgd.native.multi_update_: kind must be 'sgd' or 'predict', got %r"
+    if kind not in ("sgd", "predict", "nag_predict"):
+        raise ValueError("odsgd.native.multi_update_: kind must be 'sgd' or 'predict' (or "
+                         "'nag_predict': 'predict' for the global optimizer NAG), got %r"
                          % (kind,))
     num = len(weights)
     if num == 0:
@@ -314,12 +331,25 @@ def multi_update_(kind, weights, grads, global_flat, *, prev_global_flat=None, m
     else:
         aux, unused = prev_global_flat, ("mom_flat", mom_flat)
         if prev_global_flat is None:
-            raise TypeError("odsgd.native.multi_update_: kind 'predict' needs "
+            raise TypeError("odsgd.native.multi_update_: kind %r needs "
                             "prev_global_flat (W_{t-1}, flat layout; global_flat itself at "
-                            "the first step)")
+                            "the first step)" % (kind,))
     if unused[1] is not None:
         raise TypeError("odsgd.native.multi_update_: kind %r does not use %s; pass None"
                         % (kind, unused[0]))
+    if kind == "nag_predict":
+        if est_flat is None:
+            raise TypeError("odsgd.native.multi_update_: kind 'nag_predict' needs est_flat "
+                            "(the estimate of the servers' NAG state, flat layout)")
+        if prev_decays is None or len(prev_decays) != num:
+            raise ValueError("odsgd.native.multi_update_: kind 'nag_predict' needs prev_decays, "
+                             "one number per array; got %s"
+                             % ("none" if prev_decays is None else len(prev_decays)))
+    else:
+        for name, value in (("est_flat", est_flat), ("prev_decays", prev_decays)):
+            if value is not None:
+                raise TypeError("odsgd.native.multi_update_: kind %r does not use %s; pass "
+                                "None" % (kind, name))
     context = global_flat.context
     var_flat = _var_or_placeholder(var_flat, global_flat, adaptive, "multi_update_",
                                    "var_flat")
@@ -327,18 +357,25 @@ def multi_update_(kind, weights, grads, global_flat, *, prev_global_flat=None, m
     items = (("num_arrays", str(num)), ("lrs", _rate_list(list(lrs))),
              ("wds", _rate_list(list(wds))), ("send", "1" if send else "0")) + _common_items(
         rescale_grad, clip_gradient, momentum, lam, adaptive, beta, eps)
-    if kind == "predict":
+    if kind != "sgd":
         items += (("num_workers", str(int(num_workers))),)
+    if kind == "nag_predict":
+        items += (("prev_decays", _rate_list(list(prev_decays))),)
     layout.to_default_layout(weights, context)
     inputs = list(weights)
     inputs += grads
     inputs += (global_flat, aux, var_flat)
+    if kind == "nag_predict":
+        inputs.append(est_flat)
     # send_flat is an output: MXNet records an operator's failure on its outputs only, so a
     # push of send_flat after a failed call is skipped with the error, never sends stale data.
     outputs = list(weights) + [send_flat] if send else weights
-    _invoke("odsgd_multi_local_update" if kind == "sgd" else "odsgd_multi_predict_update",
-            inputs, outputs, items)
+    _invoke(_MULTI_OPERATORS[kind], inputs, outputs, items)
     return weights
+
+
+_MULTI_OPERATORS = {"sgd": "odsgd_multi_local_update", "predict": "odsgd_multi_predict_update",
+                    "nag_predict": "odsgd_multi_nag_predict_update"}
 
 
 def gather_(arrays, flat):

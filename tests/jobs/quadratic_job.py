@@ -18,6 +18,13 @@ def parse_args(argv=None):
     p.add_argument("--api", choices=["gluon", "module", "store"], default="gluon",
                    help="store: the store's own API (kv.init, kv.pull, kv.pushpull of both keys)")
     p.add_argument("--kvstore", default="dist_odsgd")
+    p.add_argument("--optimizer", default="sgd", help="the global optimizer (sgd, nag)")
+    p.add_argument("--store-by-name", type=int, default=0,
+                   help="gluon: give the Trainer kvstore='dist_odsgd' by name, with the "
+                        "store's defaults and ODSGD_* settings, as GluonCV's scripts do")
+    p.add_argument("--record-global", type=int, default=0,
+                   help="gluon: after every step, wait for it and kv.pull the global weights "
+                        "W_{t+1} (saved as global_weight_steps / global_bias_steps)")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.0)
@@ -27,6 +34,9 @@ def parse_args(argv=None):
     p.add_argument("--lr-change-to", type=float, default=0.0)
     p.add_argument("--lr-factor-step", type=int, default=0,
                    help="FactorScheduler(step, factor=0.5) on the global optimizer")
+    p.add_argument("--gluoncv-warmup-steps", type=int, default=0,
+                   help="> 0: GluonCV's LRSequential, linear warm-up over these steps from 0 "
+                   "to --lr, then cosine to 0 at --steps (GluonCV recipes' schedule)")
     p.add_argument("--begin-num-update", type=int, default=0)
     p.add_argument("--lr-mult-weight", type=float, default=1.0,
                    help="lr_mult of the weight (Gluon Parameter, or Module symbol attribute)")
@@ -78,12 +88,24 @@ def make_store(args):
                            warmup_steps=args.warmup_steps)
 
 
+def gluoncv_schedule(lr, warmup_steps, steps):
+    """GluonCV's own scheduler objects, as its recipes build them (one iteration an epoch)."""
+    from gluoncv.utils import LRScheduler, LRSequential
+    return LRSequential([
+        LRScheduler("linear", base_lr=0.0, target_lr=lr, nepochs=warmup_steps,
+                    iters_per_epoch=1),
+        LRScheduler("cosine", base_lr=lr, target_lr=0.0, nepochs=steps - warmup_steps,
+                    iters_per_epoch=1)])
+
+
 def optimizer_params(args):
     params = {"learning_rate": args.lr, "momentum": args.momentum, "wd": args.wd,
               "begin_num_update": args.begin_num_update}
     if args.lr_factor_step:
         params["lr_scheduler"] = mx.lr_scheduler.FactorScheduler(args.lr_factor_step, 0.5,
                                                                  base_lr=args.lr)
+    if args.gluoncv_warmup_steps:
+        params["lr_scheduler"] = gluoncv_schedule(args.lr, args.gluoncv_warmup_steps, args.steps)
     return params
 
 
@@ -98,10 +120,18 @@ def run_gluon(args, kv):
     net.bias.wd_mult = args.wd_mult_bias
     if args.freeze_bias_steps:
         net.bias.grad_req = "null"
-    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", optimizer_params(args), kvstore=kv)
+    trainer = mx.gluon.Trainer(net.collect_params(), args.optimizer, optimizer_params(args),
+                               kvstore=args.kvstore if kv is None else kv)
+    if kv is None:   # --store-by-name: the Trainer makes the store; its rank picks the data
+        # made before the first step here: with the rescale_grad that step(BATCH) sets
+        trainer._optimizer.rescale_grad = trainer._scale / problem.BATCH
+        trainer._init_kvstore()
+        kv = trainer._kvstore
+    run_gluon.store = kv
     if args.resume_prefix:
         odsgd.load_checkpoint(trainer, args.resume_prefix)
     local_w, local_b, lrs = [], [], []
+    global_steps = {"weight": [], "bias": []}
     for step in range(args.first_step, args.steps):
         if step == args.lr_change_step:
             trainer.set_learning_rate(args.lr_change_to)
@@ -122,6 +152,13 @@ def run_gluon(args, kv):
         local_w.append(net.weight.data(contexts[-1]).asnumpy())
         local_b.append(net.bias.data(contexts[-1]).asnumpy())
         lrs.append(trainer.learning_rate)
+        if args.record_global:
+            mx.nd.waitall()   # this worker's push completed: its round is applied
+            for i, param in enumerate(trainer._params):
+                out = mx.nd.zeros(param.shape)
+                trainer._kvstore.pull(i, out=out)
+                global_steps[param.name.rsplit("_", 1)[-1]].append(out.asnumpy())
+    run_gluon.global_steps = global_steps
     if args.save_prefix:
         odsgd.save_checkpoint(trainer, args.save_prefix)
     # The newest global weights: W_T, after every worker's last push.
@@ -154,7 +191,8 @@ def run_module(args, kv):
         local_w.append(arg_params["fc_weight"].asnumpy())
         local_b.append(arg_params["fc_bias"].asnumpy())
 
-    mod.fit(train, num_epoch=1, kvstore=kv, optimizer="sgd", eval_metric=mx.metric.Loss(),
+    mod.fit(train, num_epoch=1, kvstore=kv, optimizer=args.optimizer,
+            eval_metric=mx.metric.Loss(),
             optimizer_params=optimizer_params(args),
             arg_params={"fc_weight": mx.nd.array(weight), "fc_bias": mx.nd.array(bias)},
             batch_end_callback=record)
@@ -171,7 +209,7 @@ def run_module(args, kv):
 def run_store(args, kv):
     """The store's own API, as a user without Trainer or Module: kv.init with this worker's
     values (rank 0's must become W_0 everywhere), kv.pull, one pushpull of both keys a step."""
-    optimizer = mx.optimizer.create("sgd", rescale_grad=1.0 / problem.BATCH,
+    optimizer = mx.optimizer.create(args.optimizer, rescale_grad=1.0 / problem.BATCH,
                                     multi_precision=args.dtype != "float32",
                                     **optimizer_params(args))
     kv.set_optimizer(optimizer)
@@ -197,12 +235,18 @@ def run_store(args, kv):
 
 def main():
     args = parse_args()
-    kv = make_store(args)
+    by_name = args.api == "gluon" and args.store_by_name
+    kv = None if by_name else make_store(args)
     run = {"gluon": run_gluon, "module": run_module, "store": run_store}[args.api]
     local_w, local_b, global_w, global_b, lrs = run(args, kv)
+    steps = getattr(run, "global_steps", {"weight": [], "bias": []})
+    if by_name:
+        kv = run.store
     np.savez(os.path.join(args.out, "rank%d.npz" % kv.rank), local_weight=local_w,
              local_bias=local_b, global_weight=global_w, global_bias=global_b,
-             learning_rates=lrs, num_workers=kv.num_workers, type=str(kv.type))
+             learning_rates=lrs, num_workers=kv.num_workers, type=str(kv.type),
+             global_weight_steps=np.array(steps["weight"]),
+             global_bias_steps=np.array(steps["bias"]))
 
 
 if __name__ == "__main__":
