@@ -24,7 +24,8 @@ CIFAR_TRAINING_SAMPLES = 50000
 def parse_args(argv=None):
     parser = options.build_parser(
         __doc__.splitlines()[0], model="cifar_resnet20_v1", batch_size=128, num_epochs=200,
-        lr=0.1, lr_mode="step", lr_decay_epoch="100,150", wd=1e-4, log_interval=50)
+        lr=0.1, lr_mode="step", lr_decay_epoch="100,150", wd=1e-4, log_interval=50,
+        optimizer="nag")
     parser.add_argument_group("CIFAR-10 data").add_argument(
         "--data-dir", default="~/.mxnet/datasets/cifar10")
     args = parser.parse_args(argv)

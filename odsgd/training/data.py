@@ -1,5 +1,6 @@
-"""Data for the training scripts: ImageNet .rec files, CIFAR-10 and MNIST files, scikit-learn's
-digits and synthetic batches, each sharded by worker rank; and the equal-steps rule.
+"""Data for the training scripts: ImageNet .rec files or image folder, CIFAR-10 and MNIST files,
+scikit-learn's digits and synthetic batches, each sharded by worker rank; and the equal-steps
+rule.
 
 Equal steps: with dist_sync (and dist_odsgd) every worker must push the same number of times
 per epoch, or the one with more batches waits forever for the others. Every worker therefore
@@ -22,8 +23,6 @@ import struct
 import mxnet as mx
 import numpy as np
 
-IMAGENET_MEAN_RGB = (123.68, 116.779, 103.939)
-IMAGENET_STD_RGB = (58.393, 57.12, 57.375)
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2023, 0.1994, 0.2010)
 
@@ -160,39 +159,166 @@ class SyntheticIter(mx.io.DataIter):
         return self.batch
 
 
-# -- ImageNet in RecordIO ------------------------------------------------------------------
+# -- ImageNet: RecordIO files or an image folder, as GluonCV's train_imagenet.py reads them --
+#: GluonCV's normalisation of its RecordIO path (get_data_rec), on the 0..255 scale
+IMAGENET_MEAN_RGB = (123.68, 116.779, 103.939)
+IMAGENET_STD_RGB = (58.393, 57.12, 57.375)
+#: ... and of its image-folder path (transforms.Normalize after ToTensor), on the 0..1 scale
+IMAGENET_FOLDER_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_FOLDER_STD = (0.229, 0.224, 0.225)
+#: GluonCV's colour jitter (brightness, contrast, saturation) and PCA lighting noise
+IMAGENET_JITTER, IMAGENET_LIGHTING = 0.4, 0.1
+
+
 def count_records(idx_path):
     """Records listed in an .idx file (one line each)."""
     with open(idx_path) as f:
         return sum(1 for line in f if line.strip())
 
 
+def imagenet_normalization(args, folder=False):
+    """(mean, std) per RGB channel: --rgb-mean / --rgb-std (0..255 scale) where given, else
+    GluonCV's own for the RecordIO path (0..255) or the image-folder path (0..1, which
+    GluonCV applies after scaling the pixels to [0, 1]; given flags are divided by 255)."""
+    mean, std = getattr(args, "rgb_mean", None), getattr(args, "rgb_std", None)
+    if folder:
+        return (tuple(m / 255.0 for m in mean) if mean else IMAGENET_FOLDER_MEAN,
+                tuple(s / 255.0 for s in std) if std else IMAGENET_FOLDER_STD)
+    return tuple(mean or IMAGENET_MEAN_RGB), tuple(std or IMAGENET_STD_RGB)
+
+
+def validation_resize(args):
+    """The shorter side validation images are resized to before the centre crop."""
+    return int(math.ceil(args.input_size / args.crop_ratio))
+
+
 def imagenet_iterators(args, rank, num_workers, batch_size, with_val):
     """GluonCV's get_data_rec: train with random resized crops, flips, colour jitter and
     lighting noise, this worker's part of --rec-train (num_parts/part_index); val resized to
-    input_size / crop_ratio and centre-cropped (None unless with_val)."""
-    jitter, lighting = 0.4, 0.1
+    input_size / crop_ratio and centre-cropped (None unless with_val); both normalised with
+    imagenet_normalization."""
     input_size = args.input_size
-    normalization = dict(mean_r=IMAGENET_MEAN_RGB[0], mean_g=IMAGENET_MEAN_RGB[1],
-                         mean_b=IMAGENET_MEAN_RGB[2], std_r=IMAGENET_STD_RGB[0],
-                         std_g=IMAGENET_STD_RGB[1], std_b=IMAGENET_STD_RGB[2])
+    mean, std = imagenet_normalization(args)
+    normalization = dict(mean_r=mean[0], mean_g=mean[1], mean_b=mean[2],
+                         std_r=std[0], std_g=std[1], std_b=std[2])
     index = dict(path_imgidx=args.rec_train_idx) if args.rec_train_idx else {}
     train = mx.io.ImageRecordIter(
         path_imgrec=args.rec_train, preprocess_threads=args.num_workers, shuffle=True,
         batch_size=batch_size, data_shape=(3, input_size, input_size), rand_mirror=True,
         random_resized_crop=True, max_aspect_ratio=4.0 / 3.0, min_aspect_ratio=3.0 / 4.0,
-        max_random_area=1, min_random_area=0.08, brightness=jitter, saturation=jitter,
-        contrast=jitter, pca_noise=lighting, num_parts=num_workers,
-        part_index=rank, seed=args.seed * 1000 + rank, dtype="float32",
+        max_random_area=1, min_random_area=0.08, brightness=IMAGENET_JITTER,
+        saturation=IMAGENET_JITTER, contrast=IMAGENET_JITTER, pca_noise=IMAGENET_LIGHTING,
+        num_parts=num_workers, part_index=rank, seed=args.seed * 1000 + rank, dtype="float32",
         **dict(index, **normalization))
     val = None
     if with_val:
         val_index = dict(path_imgidx=args.rec_val_idx) if args.rec_val_idx else {}
         val = mx.io.ImageRecordIter(
             path_imgrec=args.rec_val, preprocess_threads=args.num_workers, shuffle=False,
-            batch_size=batch_size, resize=int(math.ceil(input_size / args.crop_ratio)),
+            batch_size=batch_size, resize=validation_resize(args),
             data_shape=(3, input_size, input_size), round_batch=True,
             **dict(val_index, **normalization))
+    return train, val
+
+
+def imagenet_folder(data_dir, train):
+    """GluonCV's ImageNet data set: the class folders of DATA_DIR/train or DATA_DIR/val."""
+    from gluoncv.data.imagenet.classification import ImageNet
+    return ImageNet(data_dir, train=train)
+
+
+def imagenet_folder_transforms(args):
+    """(train, val) transforms of GluonCV's image-folder path (get_data_rec_transfomed):
+    random resized crop, flip, colour jitter, lighting, to [0, 1], normalisation; val resize
+    (aspect kept), centre crop, to [0, 1], normalisation."""
+    from mxnet.gluon.data.vision import transforms
+    normalize = transforms.Normalize(*imagenet_normalization(args, folder=True))
+    train = transforms.Compose([
+        transforms.RandomResizedCrop(args.input_size), transforms.RandomFlipLeftRight(),
+        transforms.RandomColorJitter(brightness=IMAGENET_JITTER, contrast=IMAGENET_JITTER,
+                                     saturation=IMAGENET_JITTER),
+        transforms.RandomLighting(IMAGENET_LIGHTING), transforms.ToTensor(), normalize])
+    val = transforms.Compose([
+        transforms.Resize(validation_resize(args), keep_ratio=True),
+        transforms.CenterCrop(args.input_size), transforms.ToTensor(), normalize])
+    return train, val
+
+
+def folder_shard(count, rank, num_workers, seed=1234):
+    """Indices of this worker's shard of an image folder of `count` images: MXNet's indexed
+    split (shard_bounds) of one fixed permutation, the same on every worker. The folder lists
+    its images class by class; contiguous shards would give each worker only some classes."""
+    order = np.random.RandomState(seed).permutation(count)
+    start, stop = shard_bounds(count, num_workers, rank)
+    return np.sort(order[start:stop])
+
+
+class _ShardBatches(object):
+    """Batches of indices for a gluon DataLoader: `indices` shuffled anew at each pass (full
+    batches only), or in order with a last short batch."""
+
+    def __init__(self, indices, batch_size, shuffle, seed):
+        self.indices, self.batch_size, self.shuffle = np.asarray(indices), batch_size, shuffle
+        self.rng = np.random.RandomState(seed)
+
+    def __iter__(self):
+        order = self.rng.permutation(self.indices) if self.shuffle else self.indices
+        stop = len(order) - len(order) % self.batch_size if self.shuffle else len(order)
+        for start in range(0, stop, self.batch_size):
+            yield order[start:start + self.batch_size].tolist()
+
+    def __len__(self):
+        full, rest = divmod(len(self.indices), self.batch_size)
+        return full + (1 if rest and not self.shuffle else 0)
+
+
+class LoaderIter(mx.io.DataIter):
+    """A gluon DataLoader over `indices` of `dataset` (items (image, label), transformed to
+    `data_shape`) as an mx.io DataIter: shuffled full batches (shuffle=True), or every item in
+    order with the last batch padded (its `pad` says by how many)."""
+
+    def __init__(self, dataset, indices, batch_size, data_shape, shuffle, seed, num_workers):
+        super(LoaderIter, self).__init__(batch_size)
+        self.loader = mx.gluon.data.DataLoader(
+            dataset, batch_sampler=_ShardBatches(indices, batch_size, shuffle, seed),
+            num_workers=num_workers)
+        self.provide_data = [mx.io.DataDesc("data", (batch_size,) + tuple(data_shape),
+                                            np.float32)]
+        self.provide_label = [mx.io.DataDesc("softmax_label", (batch_size,), np.float32)]
+        self.batches = None
+
+    def reset(self):
+        self.batches = None
+
+    def next(self):
+        if self.batches is None:
+            self.batches = iter(self.loader)
+        data, label = next(self.batches)   # StopIteration ends the pass
+        pad = self.batch_size - data.shape[0]
+        label = label.astype("float32")
+        if pad:
+            data = mx.nd.concat(data, mx.nd.zeros((pad,) + data.shape[1:], dtype=data.dtype),
+                                dim=0)
+            label = mx.nd.concat(label, mx.nd.zeros((pad,), dtype="float32"), dim=0)
+        return mx.io.DataBatch([data], [label], pad=pad)
+
+
+def imagenet_folder_iterators(args, rank, num_workers, batch_size, with_val):
+    """GluonCV's image-folder path (--data-dir, without --use-rec): this worker's shard of
+    DATA_DIR/train (folder_shard) with the training transforms, and DATA_DIR/val in order
+    (None unless with_val), each read by --num-data-workers processes."""
+    train_transform, val_transform = imagenet_folder_transforms(args)
+    shape = (3, args.input_size, args.input_size)
+    train_set = imagenet_folder(args.data_dir, train=True)
+    train = LoaderIter(train_set.transform_first(train_transform),
+                       folder_shard(len(train_set), rank, num_workers), batch_size, shape,
+                       shuffle=True, seed=args.seed * 1000 + rank, num_workers=args.num_workers)
+    val = None
+    if with_val:
+        val_set = imagenet_folder(args.data_dir, train=False)
+        val = LoaderIter(val_set.transform_first(val_transform), np.arange(len(val_set)),
+                         batch_size, shape, shuffle=False, seed=0,
+                         num_workers=args.num_workers)
     return train, val
 
 

@@ -1,9 +1,11 @@
-"""The gluon.Trainer training loop (--mode imperative), as GluonCV's train_imagenet.py runs it,
-with the store's global weights evaluated and saved after each epoch."""
+"""The gluon.Trainer training loop (--mode imperative / hybrid), as GluonCV's train_imagenet.py
+runs it (label smoothing and mixup included: `Targets`), with the store's global weights
+evaluated and saved after each epoch."""
 import logging
 import time
 
 import mxnet as mx
+import numpy as np
 from mxnet import autograd, gluon
 
 from . import checkpoint, store
@@ -17,7 +19,7 @@ def contexts(num_gpus, first_gpu=0):
 
 
 def optimizer_params(args, schedule):
-    """SGD settings of the global optimizer (what the servers run)."""
+    """Settings of the global optimizer --optimizer (what the servers run)."""
     params = {"learning_rate": args.lr, "momentum": args.momentum, "wd": args.wd,
               "lr_scheduler": schedule}
     if args.dtype != "float32":
@@ -32,8 +34,98 @@ def gradient_scale(kv, batch_per_worker):
 
 
 def make_trainer(net, args, kv, schedule):
-    return gluon.Trainer(net.collect_params(), "sgd", optimizer_params(args, schedule),
-                         kvstore=kv)
+    trainer = gluon.Trainer(net.collect_params(), args.optimizer,
+                            optimizer_params(args, schedule),
+                            kvstore=kv)
+    multipliers_by_index(trainer.optimizer)
+    return trainer
+
+
+def multipliers_by_index(optimizer):
+    """Copies the Parameters' lr_mult / wd_mult other than 1 (e.g. --no-wd's) into the
+    optimizer's own multipliers, by the index the kvstore keys use.
+
+    Why: MXNet 1.9.1 pickles the optimizer for the servers without its `param_dict`
+    (Optimizer.__getstate__ in python/mxnet/optimizer/optimizer.py), so with dist_sync and
+    dist_async the servers would ignore the Parameters' multipliers; `_get_lrs` / `_get_wds`
+    read `lr_mult` / `wd_mult` by index when `param_dict` is empty. On the workers
+    `param_dict` still comes first (the same values)."""
+    for index, param in optimizer.param_dict.items():
+        if param.lr_mult != 1.0:
+            optimizer.lr_mult[index] = param.lr_mult
+        if param.wd_mult != 1.0:
+            optimizer.wd_mult[index] = param.wd_mult
+    return optimizer
+
+
+#: GluonCV's train_imagenet.py: --label-smoothing takes 0.1 of each target off the label
+LABEL_SMOOTHING_ETA = 0.1
+
+
+class Targets(object):
+    """What the loss compares the outputs with, as in GluonCV's train_imagenet.py.
+
+    Plain: the labels (sparse softmax cross-entropy). label_smoothing: one-hot targets
+    1 - eta + eta/K for the label and eta/K elsewhere (eta = 0.1, K classes). mixup: each
+    device's batch x is trained as lam * x + (1 - lam) * x[::-1], against the (smoothed, with
+    label_smoothing) one-hot targets mixed alike; lam ~ Beta(alpha, alpha), one draw per batch
+    from this worker's generator (`seed`), and lam = 1 in the last `mixup_off_epoch` epochs.
+    The training metric is GluonCV's: RMSE of the softmax against the mixed targets with
+    mixup, else accuracy on the labels."""
+
+    def __init__(self, num_classes, num_epochs, label_smoothing=False, mixup=False,
+                 mixup_alpha=0.2, mixup_off_epoch=0, seed=0):
+        self.num_classes, self.num_epochs = num_classes, num_epochs
+        self.eta = LABEL_SMOOTHING_ETA if label_smoothing else 0.0
+        self.mixup, self.mixup_alpha, self.mixup_off_epoch = mixup, mixup_alpha, mixup_off_epoch
+        self.sparse = not (label_smoothing or mixup)
+        self.rng = np.random.RandomState(seed)
+
+    @classmethod
+    def from_args(cls, args, num_classes, rank):
+        """From the recipe flags (absent in scripts without them: plain labels)."""
+        return cls(num_classes, args.num_epochs,
+                   label_smoothing=getattr(args, "label_smoothing", False),
+                   mixup=getattr(args, "mixup", False),
+                   mixup_alpha=getattr(args, "mixup_alpha", 0.2),
+                   mixup_off_epoch=getattr(args, "mixup_off_epoch", 0),
+                   seed=args.seed * 1000 + rank)
+
+    def loss(self):
+        return gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=self.sparse)
+
+    def one_hot(self, label):
+        k = self.num_classes
+        return label.one_hot(k, on_value=1 - self.eta + self.eta / k, off_value=self.eta / k)
+
+    def mixup_lambda(self, epoch):
+        lam = self.rng.beta(self.mixup_alpha, self.mixup_alpha)
+        return 1.0 if epoch >= self.num_epochs - self.mixup_off_epoch else lam
+
+    def mix(self, data, label, lam):
+        """(inputs, targets) of one device's batch mixed with itself reversed."""
+        return (lam * data + (1 - lam) * data[::-1],
+                lam * self.one_hot(label) + (1 - lam) * self.one_hot(label[::-1]))
+
+    def prepare(self, data, label, epoch):
+        """(inputs, targets), one per device, from the devices' data and labels."""
+        if self.mixup:
+            lam = self.mixup_lambda(epoch)
+            mixed = [self.mix(x, y, lam) for x, y in zip(data, label)]
+            return [m[0] for m in mixed], [m[1] for m in mixed]
+        if not self.sparse:
+            return data, [self.one_hot(y) for y in label]
+        return data, label
+
+    def metric(self):
+        return mx.metric.RMSE() if self.mixup else mx.metric.Accuracy()
+
+    def update_metric(self, metric, label, targets, outputs):
+        outputs = [out.astype("float32", copy=False) for out in outputs]
+        if self.mixup:
+            metric.update(targets, [mx.nd.softmax(out) for out in outputs])
+        else:
+            metric.update(label, outputs)
 
 
 def new_metrics(num_classes):
@@ -52,37 +144,39 @@ def _split(batch, ctx_list, dtype):
     return data, label
 
 
-def train_epoch(net, trainer, train_iter, ctx_list, step_scale, epoch, args, lr_at):
-    """One epoch over `train_iter`; returns {'train_accuracy', 'train_loss', 'time',
-    'samples', 'steps'}. Logs speed and accuracy every --log-interval batches, with the
-    global rate `lr_at(i)` at the epoch's batch i."""
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    accuracy, mean_loss = mx.metric.Accuracy(), mx.metric.Loss()
+def train_epoch(net, trainer, train_iter, ctx_list, step_scale, epoch, args, lr_at, targets):
+    """One epoch over `train_iter` with the loss and inputs of `targets` (a Targets); returns
+    {'train_accuracy' (or 'train_rmse' with mixup), 'train_loss', 'time', 'samples', 'steps'}.
+    Logs speed and the metric every --log-interval batches, with the global rate `lr_at(i)`
+    at the epoch's batch i."""
+    loss_fn = targets.loss()
+    metric, mean_loss = targets.metric(), mx.metric.Loss()
     train_iter.reset()
     tic = interval_tic = time.time()
     samples = interval_samples = 0
     for i, batch in enumerate(train_iter):
-        data, label = _split(batch, ctx_list, args.dtype)
+        data, label = _split(batch, ctx_list, "float32")
+        inputs, goals = targets.prepare(data, label, epoch)
         with autograd.record():
-            outputs = [net(x) for x in data]
+            outputs = [net(x.astype(args.dtype, copy=False)) for x in inputs]
             losses = [loss_fn(out, y.astype(args.dtype, copy=False))
-                      for out, y in zip(outputs, label)]
+                      for out, y in zip(outputs, goals)]
         autograd.backward(losses)
         trainer.step(step_scale)
-        accuracy.update(label, [out.astype("float32", copy=False) for out in outputs])
+        targets.update_metric(metric, label, goals, outputs)
         mean_loss.update(None, losses)
         samples += batch.data[0].shape[0]
         interval_samples += batch.data[0].shape[0]
         if args.log_interval and (i + 1) % args.log_interval == 0:
-            LOG.info("Epoch[%d] Batch [%d]\tSpeed: %.1f samples/sec\taccuracy=%f\tlr=%g",
+            LOG.info("Epoch[%d] Batch [%d]\tSpeed: %.1f samples/sec\t%s=%f\tlr=%g",
                      epoch, i + 1, interval_samples / (time.time() - interval_tic),
-                     accuracy.get()[1], lr_at(i + 1))
+                     metric.get()[0], metric.get()[1], lr_at(i + 1))
             interval_tic, interval_samples = time.time(), 0
     # The epoch's time includes its last pushes and pulls; and a worker must not end the
     # script with them queued (MXNet's engine skips queued work at interpreter exit, and the
     # other workers would wait for those pushes forever).
     mx.nd.waitall()
-    return {"train_accuracy": accuracy.get()[1], "train_loss": mean_loss.get()[1],
+    return {"train_" + metric.get()[0]: metric.get()[1], "train_loss": mean_loss.get()[1],
             "time": time.time() - tic, "samples": samples, "steps": i + 1}
 
 
@@ -130,7 +224,10 @@ class EvaluationNet(object):
 
 
 def epoch_report(epoch, stats, validation):
-    LOG.info("[Epoch %d] training: accuracy=%f loss=%f", epoch, stats["train_accuracy"],
+    LOG.info("[Epoch %d] training: %s loss=%f", epoch,
+             " ".join("%s=%f" % (name[len("train_"):], value)
+                      for name, value in sorted(stats.items())
+                      if name.startswith("train_") and name != "train_loss"),
              stats["train_loss"])
     LOG.info("[Epoch %d] speed: %.1f samples/sec\ttime cost: %.3f", epoch,
              stats["samples"] / max(stats["time"], 1e-9), stats["time"])
@@ -145,6 +242,7 @@ def fit(run):
     args, kv = run.args, run.kv
     trainer = make_trainer(run.net, args, kv, run.schedule)
     step_scale = gradient_scale(kv, run.batch_per_worker)
+    targets = Targets.from_args(args, run.num_classes, run.rank)
     if args.resume_states:
         # Loading states sends the optimizer to the servers before the first step, which
         # would set its gradient scale: set it first (gluon refuses a change afterwards).
@@ -156,7 +254,7 @@ def fit(run):
     history, start = [], time.time()
     for epoch in range(args.resume_epoch, args.num_epochs):
         stats = train_epoch(net, trainer, run.train_iter, run.contexts, step_scale, epoch, args,
-                            lambda i, e=epoch: run.lr_at(e * run.steps + i))
+                            lambda i, e=epoch: run.lr_at(e * run.steps + i), targets)
         validation = {}
         if run.rank == 0:
             store.load_global_weights(trainer, kv)

@@ -1,13 +1,35 @@
 """Command-line flags shared by the training scripts: GluonCV's names for what GluonCV's
-train_imagenet.py has, and the store's own flags (docs/reproduce.md lists them all).
+train_imagenet.py has, and the store's own flags (docs/reproduce.md lists them all); and the
+flags of GluonCV's ImageNet recipes (`add_imagenet_recipe_flags`: --last-gamma, --no-wd,
+--label-smoothing, --mixup, ...), with the same meanings.
 
 Each script calls `build_parser(description, **defaults)`, adds its data flags, and checks the
-result with `check_arguments`.
+result with `check_arguments` (which also turns --lr-decay-period into --lr-decay-epoch).
 """
 import argparse
 import os
 
 KVSTORES = ("local", "device", "dist_sync", "dist_async", "dist_odsgd")
+MODES = ("imperative", "symbolic")
+
+
+def training_mode(text):
+    """--mode: GluonCV's 'hybrid' (gluon.Trainer on the hybridized network) is what
+    'imperative' runs here."""
+    return "imperative" if text == "hybrid" else text
+
+
+def float_list(text):
+    """'123.68,116.779,103.939' -> [123.68, 116.779, 103.939] (GluonCV's --rgb-mean format)."""
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected comma-separated numbers, got %r"
+                                         % text) from None
+
+
+#: global optimizers of the training scripts (both predicted by local_optimizer='predict')
+GLOBAL_OPTIMIZERS = ("sgd", "nag")
 
 
 def build_parser(description, **defaults):
@@ -23,12 +45,17 @@ def build_parser(description, **defaults):
 
 def _add_model_flags(group):
     group.add_argument("--model", help="network name (GluonCV model zoo or the script's own)")
-    group.add_argument("--mode", choices=("imperative", "symbolic"), default="imperative",
-                       help="imperative: gluon.Trainer loop; symbolic: Module.fit, as the "
-                       "paper's authors trained")
+    group.add_argument("--mode", type=training_mode, choices=MODES, default="imperative",
+                       help="imperative (or GluonCV's name hybrid): gluon.Trainer loop on the "
+                       "hybridized network; symbolic: Module.fit, as the paper's authors "
+                       "trained")
     group.add_argument("--batch-size", type=int, default=32,
                        help="samples per device (per worker when --num-gpus 0)")
     group.add_argument("--num-epochs", type=int, default=3)
+    group.add_argument("--optimizer", choices=GLOBAL_OPTIMIZERS, default="sgd",
+                       help="the global optimizer: sgd, or nag (Nesterov momentum, which "
+                       "GluonCV's classification recipes train with); local_optimizer "
+                       "'predict' predicts either")
     group.add_argument("--lr", type=float, default=0.1,
                        help="global learning rate, for the mean gradient of one update "
                        "(N x batch samples for dist_sync and dist_odsgd, as MXNet's Module)")
@@ -38,6 +65,9 @@ def _add_model_flags(group):
                        help="factor of each step decay (global and local schedules)")
     group.add_argument("--lr-decay-epoch", default="40,60",
                        help="epochs of the step decays, comma separated")
+    group.add_argument("--lr-decay-period", type=int, default=0,
+                       help="GluonCV's periodic step decay: at epochs P, 2P, ... below "
+                       "--num-epochs (replaces --lr-decay-epoch); 0: off")
     group.add_argument("--warmup-lr", type=float, default=0.0,
                        help="learning rate at the start of the warm-up epochs")
     group.add_argument("--warmup-epochs", type=int, default=0,
@@ -109,9 +139,16 @@ def _add_run_flags(group):
 
 
 def check_arguments(args):
-    """Raises ValueError naming the flag for combinations that cannot work."""
+    """Raises ValueError naming the flag for combinations that cannot work; with
+    --lr-decay-period P sets --lr-decay-epoch to P, 2P, ... below --num-epochs, as GluonCV."""
     if args.batch_size < 1:
         raise ValueError("--batch-size must be >= 1")
+    if args.lr_decay_period < 0:
+        raise ValueError("--lr-decay-period must be >= 0 (0: use --lr-decay-epoch)")
+    if args.lr_decay_period > 0:
+        args.lr_decay_epoch = ",".join(
+            str(epoch) for epoch in range(args.lr_decay_period, args.num_epochs,
+                                          args.lr_decay_period))
     if args.num_epochs <= args.resume_epoch:
         raise ValueError("--num-epochs (%d) must be larger than --resume-epoch (%d)"
                          % (args.num_epochs, args.resume_epoch))
@@ -139,4 +176,91 @@ def check_arguments(args):
                          "python SCRIPT ...`, or give --kvstore local" % args.kvstore)
     if args.resume_states and not args.resume_params:
         raise ValueError("--resume-states needs --resume-params from the same checkpoint")
+    return args
+
+
+# -- GluonCV's ImageNet recipe flags (scripts/train_imagenet.py) ---------------------------
+#: GluonCV's knowledge-distillation flags (dest, flag), which this project cannot run
+DISTILLATION_FLAGS = (("teacher", "--teacher"), ("temperature", "--temperature"),
+                      ("hard_weight", "--hard-weight"))
+
+
+def add_imagenet_recipe_flags(parser):
+    """GluonCV train_imagenet.py's recipe flags, with its names and defaults."""
+    group = parser.add_argument_group("GluonCV ImageNet recipe")
+    group.add_argument("--last-gamma", action="store_true",
+                       help="the last BatchNorm of each residual block starts with gamma 0 "
+                       "(model argument last_gamma=True)")
+    group.add_argument("--no-wd", action="store_true",
+                       help="no weight decay (wd_mult 0) on biases and BatchNorm's beta and "
+                       "gamma (parameters matching '.*beta|.*gamma|.*bias')")
+    group.add_argument("--label-smoothing", action="store_true",
+                       help="targets 1 - 0.1 + 0.1/classes for the label, 0.1/classes for "
+                       "the others")
+    group.add_argument("--mixup", action="store_true",
+                       help="train on lam*x + (1-lam)*x[::-1] with targets mixed alike, lam "
+                       "~ Beta(alpha, alpha) per batch")
+    group.add_argument("--mixup-alpha", type=float, default=0.2,
+                       help="alpha of mixup's Beta distribution")
+    group.add_argument("--mixup-off-epoch", type=int, default=0,
+                       help="last epochs trained without mixup (lam = 1)")
+    group.add_argument("--use-pretrained", action="store_true",
+                       help="start from GluonCV's pretrained weights; they must be in the "
+                       "local model-zoo cache (~/.mxnet/models): nothing is downloaded")
+    group.add_argument("--batch-norm", action="store_true",
+                       help="VGG models with BatchNorm (model argument batch_norm)")
+    group.add_argument("--use_se", "--use-se", dest="use_se", action="store_true",
+                       help="ResNeXt models with squeeze-and-excitation (model argument use_se)")
+    group.add_argument("--use-gn", action="store_true",
+                       help="GroupNorm instead of BatchNorm (model argument "
+                       "norm_layer=gluoncv.nn.GroupNorm)")
+    group.add_argument("--rgb-mean", type=float_list, default=None,
+                       help="per-channel R,G,B mean, 0..255 scale (default: GluonCV's, "
+                       "123.68,116.779,103.939 for .rec files, 255 x 0.485,0.456,0.406 for "
+                       "the image folder)")
+    group.add_argument("--rgb-std", type=float_list, default=None,
+                       help="per-channel R,G,B std, 0..255 scale (default: GluonCV's, "
+                       "58.393,57.12,57.375 for .rec files, 255 x 0.229,0.224,0.225 for the "
+                       "image folder)")
+    group.add_argument("--data-backend", choices=("mxnet", "dali-gpu", "dali-cpu"),
+                       default="mxnet", help="mxnet only (GluonCV's DALI back ends are not "
+                       "supported)")
+    refused = parser.add_argument_group("GluonCV flags that are refused")
+    for dest, flag in DISTILLATION_FLAGS:
+        refused.add_argument(flag, dest=dest, default=None,
+                             help="knowledge distillation: not supported")
+
+
+def check_imagenet_recipe(args):
+    """Raises ValueError naming the flag for recipe flags that cannot work (see
+    add_imagenet_recipe_flags)."""
+    given = [flag for dest, flag in DISTILLATION_FLAGS if getattr(args, dest) is not None]
+    if given:
+        raise ValueError("%s: knowledge distillation (GluonCV's --teacher, --temperature, "
+                         "--hard-weight) is not supported here; train without these flags"
+                         % ", ".join(given))
+    if args.data_backend != "mxnet":
+        raise ValueError("--data-backend %s: GluonCV's DALI back ends are not supported here; "
+                         "use --data-backend mxnet (the default)" % args.data_backend)
+    if args.mode == "symbolic":
+        given = [flag for flag, value in (("--label-smoothing", args.label_smoothing),
+                                          ("--mixup", args.mixup),
+                                          ("--use-pretrained", args.use_pretrained)) if value]
+        if given:
+            raise ValueError("%s: GluonCV's training loop only; use --mode hybrid (or "
+                             "imperative) instead of --mode symbolic" % ", ".join(given))
+    if args.mixup and args.mixup_alpha <= 0:
+        raise ValueError("--mixup-alpha must be > 0 (the Beta distribution's parameter)")
+    if args.mixup_off_epoch < 0:
+        raise ValueError("--mixup-off-epoch must be >= 0")
+    for flag, values in (("--rgb-mean", args.rgb_mean), ("--rgb-std", args.rgb_std)):
+        if values is not None and len(values) != 3:
+            raise ValueError("%s takes 3 comma-separated numbers (R,G,B), got %d"
+                             % (flag, len(values)))
+    if args.rgb_std is not None and min(args.rgb_std) <= 0:
+        raise ValueError("--rgb-std values must be > 0")
+    if args.use_pretrained and args.num_classes != 1000:
+        raise ValueError("--use-pretrained loads GluonCV's ImageNet weights, with 1000 "
+                         "classes: drop --num-classes %d or --use-pretrained"
+                         % args.num_classes)
     return args

@@ -94,10 +94,10 @@ def fit(run):
         # then finds the module bound and initialised (and says so in warnings).
         mod.bind(run.train_iter.provide_data, run.train_iter.provide_label)
         mod.init_params(run.initializer, arg_params=arg_params, aux_params=aux_params)
-        mod.init_optimizer(kvstore=run.kv, optimizer="sgd", optimizer_params=opt_params)
+        mod.init_optimizer(kvstore=run.kv, optimizer=args.optimizer, optimizer_params=opt_params)
         mod.load_optimizer_states(checkpoint.resume_states_path(args.resume_states, run.rank))
     history, start = [], time.time()
-    mod.fit(run.train_iter, kvstore=run.kv, optimizer="sgd", optimizer_params=opt_params,
+    mod.fit(run.train_iter, kvstore=run.kv, optimizer=args.optimizer, optimizer_params=opt_params,
             initializer=run.initializer, arg_params=arg_params, aux_params=aux_params,
             allow_missing=False,
             eval_metric=mx.metric.Accuracy(), begin_epoch=args.resume_epoch,
