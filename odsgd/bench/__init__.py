@@ -3,6 +3,7 @@
 Subcommands are modules of this package with a `main(argv)`; importing this package imports
 none of them (their jobs also run on parameter servers, where little may be imported)."""
 import importlib
+import signal
 import sys
 
 SUBCOMMANDS = {
@@ -18,5 +19,17 @@ def main(argv=None):
         print("usage: python -m odsgd.bench {%s} [options]   (--help for each)"
               % ",".join(SUBCOMMANDS), file=sys.stderr)
         return 2
+    # SIGTERM ends a benchmark as Ctrl-C does: the running job is ended with it (run_job's
+    # handler), instead of the benchmark dying alone and leaving its job behind.
+    signal.signal(signal.SIGTERM, _interrupt)
     module = importlib.import_module(SUBCOMMANDS[argv[0]])
-    return module.main(argv[1:])
+    try:
+        return module.main(argv[1:])
+    except KeyboardInterrupt as stop:
+        print("odsgd.bench %s: interrupted (%s); its running job was ended"
+              % (argv[0], stop or "Ctrl-C"), file=sys.stderr)
+        return 130
+
+
+def _interrupt(signum, _frame):
+    raise KeyboardInterrupt("signal %d" % signum)
