@@ -107,6 +107,7 @@ class ProcessRecord(object):
         self.tail = collections.deque(maxlen=TAIL_LINES)
         self.output_done = threading.Event()   # set when its output reached end of file
         self.output_done.set()                 # until a reader is attached
+        self.exited_at = None                  # time.time() when it exited, code 0 or not
 
     def describe_exit(self, returncode):
         if returncode < 0:
@@ -185,10 +186,12 @@ class Job(object):
         return None
 
     def exited(self, process, returncode):
-        if returncode == 0:
-            return
         record = self.record_of(process)
         if record is None:
+            return
+        if record.exited_at is None:
+            record.exited_at = time.time()
+        if returncode == 0:
             return
         with self.lock:
             if self._ending or any(r is record for r, _ in self.failures):
@@ -196,6 +199,24 @@ class Job(object):
             self.failures.append((record, record.describe_exit(returncode)))
             if self.failed_at is None:
                 self.failed_at = time.time()
+
+    def workers_gone(self, after_seconds):
+        """Text for a job whose workers all exited with code 0 at least `after_seconds` ago
+        while the scheduler still waits, else None. In a real job the scheduler ends with the
+        workers (ps-lite's finalize is a barrier of every node); still waiting means the
+        workers never joined it: the script created no dist store."""
+        with self.lock:
+            workers = [r for r in self.records if r.label.startswith("worker")]
+            if not workers or any(r.exited_at is None or r.process.returncode != 0
+                                  for r in workers):
+                return None
+            if time.time() - max(r.exited_at for r in workers) < after_seconds:
+                return None
+        return ("every worker exited with code 0, but the scheduler still waits for them "
+                "after %d s: the workers never joined the job. The script created no "
+                "distributed kvstore (dist_sync, dist_async, dist_odsgd): check its kvstore "
+                "flag (e.g. GluonCV's segmentation train.py turns --kvstore into 'local' "
+                "with --no-cuda)" % after_seconds)
 
     # -- output ----------------------------------------------------------------------------
     def attach_output(self, record, read_fd):
@@ -393,6 +414,9 @@ def _wait_for_scheduler(deadline, link_watch=None):
                 raise JobFailed(lost)
             if deadline is not None and time.time() > deadline:
                 raise JobFailed("the job ran past --job-timeout")
+            stranded = JOB.workers_gone(EXIT_SECONDS)
+            if stranded is not None:
+                raise JobFailed(stranded)
             tracker.thread.join(0.2)
         if JOB.failure is not None:
             raise JobFailed(JOB.failure)

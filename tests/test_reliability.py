@@ -200,6 +200,23 @@ def test_hung_worker_ends_at_job_timeout(live_jobs):
     assert_no_leftovers(job)
 
 
+def test_workers_that_never_join_end_the_job(live_jobs):
+    """Workers that create no distributed store (a script that turned its kvstore flag into
+    'local') exit 0 while the scheduler and the server wait for them forever: the launcher
+    ends the job about EXIT_SECONDS later, non-zero, saying why, instead of at --job-timeout."""
+    from odsgd.launch import EXIT_SECONDS
+    job = live_jobs("fault_job.py", ["--no-store"], timeout=300)
+    job.wait_for(r"^\[worker \d\] trained without a distributed store")
+    started = time.time()
+    code = job.finish(timeout=EXIT_SECONDS + 60)
+    output = job.output
+    assert code != 0
+    assert time.time() - started < EXIT_SECONDS + 30, output[-3000:]
+    assert "every worker exited with code 0, but the scheduler still waits for them" in output
+    assert "the job ran past --job-timeout" not in output
+    assert_no_leftovers(job)
+
+
 def test_killed_launcher_takes_its_job_along(live_jobs):
     """kill -9 of the launcher itself: every process of the job gets SIGKILL from the kernel
     (PR_SET_PDEATHSIG), nothing is left."""

@@ -27,12 +27,18 @@ def parse_args(argv=None):
     p.add_argument("--hang-at", type=int, default=-1)
     p.add_argument("--equal-steps", action="store_true",
                    help="call odsgd.equal_steps first (arms the step check at exit)")
+    p.add_argument("--no-store", action="store_true",
+                   help="workers create no store and exit 0 (as a script whose kvstore flag "
+                   "became 'local'): the scheduler and servers wait for them forever")
     p.add_argument("--tag", default="", help="ignored; makes the command line unique")
     return p.parse_args(argv)
 
 
 def main():
     args = parse_args()
+    if args.no_store:
+        print("trained without a distributed store", flush=True)
+        return
     kv = odsgd.DistODSGD(warmup_steps=2)
     net = mx.gluon.nn.Dense(problem.OUT_UNITS, in_units=problem.IN_UNITS)
     net.initialize()
