@@ -362,8 +362,10 @@ def write_outputs(report, folder):
     with open(json_path, "w") as f:
         json.dump(report, f, indent=1)
     png = plot(report["runs"], report["summary"], os.path.join(folder, "time_to_accuracy.png"),
-               "LeNet on %s%s" % (report["dataset"], ", emulated hosts"
-                                  if report.get("topology") == "hosts" else ""))
+               "LeNet on %s%s%s" % (report["dataset"], ", global NAG"
+                                    if report.get("optimizer") == "nag" else "",
+                                    ", emulated hosts"
+                                    if report.get("topology") == "hosts" else ""))
     print(markdown_table(report["summary"]))
     return json_path, png
 
