@@ -20,15 +20,16 @@ import numpy as np
 from . import server_updater as servers
 from .key_groups import CONTROL_KEY, GROUP_KEY_BASE, SIGNATURE_KEY_BASE
 
-# MXNet's own kController command id: the servers unpickle its body as an optimizer.
-OPTIMIZER_COMMAND = 0
-
 # The control key: a (num_workers, _COLUMNS) table, one row per rank. The servers keep
 # every value as float32, exact for integers below 2**24 (step counts, batch counts).
 _COLUMNS = 4
 _PRESENT, _KIND, _STEPS, _VALUE = range(_COLUMNS)
 _EPOCH, _EXIT = 1, 2
 _DOING = {_EPOCH: "starts an epoch", _EXIT: "is exiting"}
+#: the rule and the fix, in every step-count error
+_EQUAL_STEPS_RULE = ("Every worker must make the same number of steps per epoch: call n = "
+                     "odsgd.equal_steps(trainer, len(local_batches)) at the start of each "
+                     "epoch and make exactly n steps")
 #: seconds a probe round may complete before the control round does (message latency only)
 _PROBE_WINDOW = 10.0
 #: seconds a worker that never made a step waits at exit for the others (see _exit_round)
@@ -72,8 +73,7 @@ class WorkerAgreement(object):
         self._probe = 0
         self._scratch = {}
         self._done_at_exit = False
-        self.raw._send_command_to_servers(OPTIMIZER_COMMAND,
-                                          servers.control_key_command(CONTROL_KEY))
+        servers.send_command(self.raw, servers.control_key_command(CONTROL_KEY))
         shape = (store.num_workers, _COLUMNS)
         self.raw.init(CONTROL_KEY, mx.nd.zeros(shape, dtype="float64"))
         self._send = mx.nd.zeros(shape, dtype="float64")
@@ -110,9 +110,9 @@ class WorkerAgreement(object):
             % (key, mine, rank, theirs))
 
     # -- equal step counts -----------------------------------------------------------------
-    def equal_steps(self, local_batches):
-        """The number of steps every worker makes this epoch: the smallest `local_batches` over
-        the workers (see DistODSGD.equal_steps)."""
+    def fewest_batches(self, local_batches):
+        """Collective: the smallest `local_batches` over the workers, which is the number of
+        steps every worker makes this epoch (DistODSGD.equal_steps)."""
         if isinstance(local_batches, bool) or not isinstance(local_batches, int) or \
                 local_batches < 0:
             raise ValueError("equal_steps needs this worker's number of batches, an int >= 0, "
@@ -144,9 +144,8 @@ class WorkerAgreement(object):
         groups = self._probe_groups()
         if groups:
             self._probe += 1
-            self.raw._send_command_to_servers(OPTIMIZER_COMMAND,
-                                              servers.probe_command(self._probe,
-                                                                    [g.server_key for g in groups]))
+            servers.send_command(self.raw, servers.probe_command(
+                self._probe, [g.server_key for g in groups]))
         self._send[:] = 0
         self._send[rank] = mx.nd.array([1, kind, steps, value], dtype="float64")
         self.raw.push(CONTROL_KEY, self._send)
@@ -176,28 +175,21 @@ class WorkerAgreement(object):
                 raise StepCountError(
                     "dist_odsgd: worker %d has made %d steps and %s, but another worker has "
                     "pushed step %d: the workers made different numbers of steps (e.g. shards "
-                    "of different length). Every worker must make the same number of steps per "
-                    "epoch: call n = odsgd.equal_steps(trainer, len(local_batches)) at the start "
-                    "of each epoch and make exactly n steps"
-                    % (rank, steps, _DOING[kind], steps + 1))
+                    "of different length). %s"
+                    % (rank, steps, _DOING[kind], steps + 1, _EQUAL_STEPS_RULE))
             if wait is not None and time.time() - started > wait:
                 raise StepCountError(
                     "dist_odsgd: worker %d has made %d steps and %s, and the other workers have "
                     "not come to the same point within %.0f s: they are waiting for this "
                     "worker's steps (a worker with an empty shard, or a loop that stopped "
-                    "early). Every worker must make the same number of steps per epoch: call "
-                    "n = odsgd.equal_steps(trainer, len(local_batches)) at the start of each "
-                    "epoch and make exactly n steps" % (rank, steps, _DOING[kind], wait))
+                    "early). %s" % (rank, steps, _DOING[kind], wait, _EQUAL_STEPS_RULE))
         table = self._recv.asnumpy()
         if not all(table[:, _PRESENT] == 1) or len(set(table[:, _KIND])) > 1 or \
                 len(set(table[:, _STEPS])) > 1:
             raise StepCountError(
-                "dist_odsgd: the workers made different numbers of steps: %s. Every worker "
-                "must make the same number of steps per epoch: call n = "
-                "odsgd.equal_steps(trainer, len(local_batches)) at the start of each epoch and "
-                "make exactly n steps"
-                % "; ".join("worker %d made %d steps and %s" % (r, row[_STEPS], _DOING.get(
-                    int(row[_KIND]), "?")) for r, row in enumerate(table)))
+                "dist_odsgd: the workers made different numbers of steps: %s. %s"
+                % ("; ".join("worker %d made %d steps and %s" % (r, row[_STEPS], _DOING.get(
+                    int(row[_KIND]), "?")) for r, row in enumerate(table)), _EQUAL_STEPS_RULE))
         # The probe's pushes and pulls may still be queued: finish them here, since MXNet's
         # exit handler drops queued engine work and the job would hang at exit.
         mx.nd.waitall()

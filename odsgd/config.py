@@ -1,5 +1,6 @@
-"""The local-update settings of a DistODSGD store: constructor arguments, ODSGD_* environment
-variables and their validation, in one place.
+"""The settings of a DistODSGD store: constructor arguments, ODSGD_* environment variables
+and their validation, in one place. No other module of the store reads ODSGD_* variables
+(odsgd.launch reads its own launcher settings, odsgd.native its build and library path).
 
 Constructor arguments win over the environment; the environment wins over the defaults.
 Every environment variable is listed in docs/env.md.
@@ -8,9 +9,6 @@ import copy
 import math
 import os
 
-#: Local optimizers with the OD-SGD rules of SPEC section 2 built in; any other
-#: `mx.optimizer` name applies that optimizer to a copy of the global weights.
-BUILTIN_LOCAL_OPTIMIZERS = ("sgd", "predict")
 COMPENSATION_MODES = ("constant", "adaptive")
 
 DEFAULTS = {
@@ -72,10 +70,12 @@ def _check_rate(name, value, source):
 class ODSGDConfig(object):
     """Validated local-update settings.
 
-    Attributes: local_optimizer (str), local_optimizer_params (dict, a copy), local_lr,
-    local_momentum, local_wd (float or None), compensation (lam, float), compensation_mode
-    ('constant' or 'adaptive'), warmup_steps (int, global steps of plain SSGD first),
-    adaptive_beta, adaptive_eps (floats).
+    Attributes: local_optimizer (str), local_lr, local_momentum, local_wd (float or None),
+    compensation (lam, float), compensation_mode ('constant' or 'adaptive'), warmup_steps
+    (int, global steps of plain SSGD first), adaptive_beta, adaptive_eps (floats),
+    clip_gradient, lr_scheduler, extra_params (the local optimizer's own arguments);
+    local_rule_kind (the class of local rule the name selects, odsgd/local_update.py) and
+    built_local_optimizer; fusion_elements and metrics_interval (the store's machinery).
     """
 
     def __init__(self, local_optimizer=None, local_optimizer_params=None, compensation=None,
@@ -124,12 +124,27 @@ class ODSGDConfig(object):
         #: what is left goes to a non-built-in mx.optimizer local optimizer
         self.extra_params = params
         self._source = source
-        self._validate(source)
+        self._validate()
+        #: most elements of a fused key group, and steps between overlap measurements
+        self.fusion_elements = fusion_elements(environ)
+        self.metrics_interval = metrics_interval(environ)
 
-    def _validate(self, source):
-        def where(name):
-            return source.get(name, "default")
+    def where(self, name):
+        """Where setting `name` came from: 'argument', 'environment' or 'default'."""
+        return self._source.get(name, "default")
 
+    @staticmethod
+    def variable_of(name):
+        """The ODSGD_* variable of setting `name` (e.g. 'ODSGD_LOCAL_LR' for 'local_lr')."""
+        return _VARIABLE_OF[name]
+
+    @staticmethod
+    def parameter_of(name):
+        """The local_optimizer_params entry of setting `name` ('learning_rate' for 'local_lr')."""
+        return _PARAMETER_OF[name]
+
+    def _validate(self):
+        where = self.where
         for name in ("local_lr", "local_momentum", "local_wd", "compensation"):
             _check_rate(name, getattr(self, name), where(name))
         if self.clip_gradient is not None:
@@ -148,61 +163,14 @@ class ODSGDConfig(object):
             raise ValueError("compensation_mode must be one of %s, got %r (%s)"
                              % (COMPENSATION_MODES, self.compensation_mode,
                                 where("compensation_mode")))
-        if self.local_optimizer not in BUILTIN_LOCAL_OPTIMIZERS:
-            import mxnet as mx  # the registry of optimizers; workers only
-            if self.local_optimizer not in mx.optimizer.Optimizer.opt_registry:
-                raise ValueError("unknown local optimizer %r (%s); use 'predict', 'sgd' or an "
-                                 "mx.optimizer name such as 'adam'"
-                                 % (self.local_optimizer, where("local_optimizer")))
-            if self.compensation:
-                raise ValueError("compensation=%r needs local_optimizer 'sgd' or 'predict'; with "
-                                 "local optimizer %r set compensation=0"
-                                 % (self.compensation, self.local_optimizer))
-            self.create_local_optimizer(learning_rate=self.local_lr or 0.01)
-        if self.local_optimizer == "predict":
-            given = [name for name in ("local_lr", "local_momentum", "local_wd")
-                     if where(name) == "argument"]
-            refused = sorted(_PARAMETER_OF[name] for name in given) + sorted(self.extra_params)
-            if self.lr_scheduler is not None:
-                refused.append("lr_scheduler")
-            if refused:
-                raise ValueError("local_optimizer='predict' takes its rates from the global "
-                                 "optimizer; remove %s from local_optimizer_params (only "
-                                 "clip_gradient is allowed)" % ", ".join(refused))
-            from_environment = sorted(_VARIABLE_OF[name] for name in
-                                      ("local_lr", "local_momentum", "local_wd")
-                                      if where(name) == "environment")
-            if from_environment:
-                raise ValueError("local_optimizer='predict' takes its rates from the global "
-                                 "optimizer, but %s %s set; unset %s or use "
-                                 "ODSGD_LOCAL_OPTIMIZER=sgd"
-                                 % (", ".join(from_environment),
-                                    "is" if len(from_environment) == 1 else "are",
-                                    "it" if len(from_environment) == 1 else "them"))
-        elif self.local_optimizer == "sgd" and self.extra_params:
-            raise ValueError("local_optimizer='sgd' does not take %s; it takes learning_rate, "
-                             "momentum, wd, clip_gradient, lr_scheduler, beta, epsilon"
-                             % ", ".join(sorted(self.extra_params)))
-
-    def create_local_optimizer(self, learning_rate, rescale_grad=1.0):
-        """A new instance of a local optimizer other than 'sgd' or 'predict', with the
-        arguments it is given: its own ones, learning_rate, wd, clip_gradient, and momentum
-        only when one was given. Its rate is set each step (LocalUpdater), so it gets no
-        schedule of its own. Arguments the optimizer does not take are a ValueError here, when
-        the store is made, not at the first local step."""
-        import mxnet as mx
-        kwargs = dict(self.extra_params)
-        kwargs.update(learning_rate=learning_rate, rescale_grad=rescale_grad,
-                      wd=self.local_wd or 0.0, clip_gradient=self.clip_gradient)
-        if self.local_momentum is not None:
-            kwargs["momentum"] = self.local_momentum
-        try:
-            return mx.optimizer.create(self.local_optimizer, **kwargs)
-        except (TypeError, ValueError) as error:
-            raise ValueError("local optimizer %r does not take these arguments (%s): %s; give "
-                             "local_optimizer_params that mx.optimizer.create(%r, ...) accepts"
-                             % (self.local_optimizer, ", ".join(sorted(kwargs)), error,
-                                self.local_optimizer)) from None
+        # The kind of local rule is decided here, once, from its name; the kind checks the
+        # settings it takes (odsgd/local_update.py). Imported here: the benchmark drivers read
+        # the environment through this module without MXNet.
+        from .local_update import local_rule_kind
+        self.local_rule_kind = local_rule_kind(self.local_optimizer, where("local_optimizer"))
+        #: the mx.optimizer local optimizer, built once from the settings (None for 'sgd' and
+        #: 'predict'); a LocalUpdater steps with its own copy
+        self.built_local_optimizer = self.local_rule_kind.check_settings(self)
 
     def as_dict(self):
         """The settings as plain values (for logs and checkpoints)."""
@@ -211,3 +179,45 @@ class ODSGDConfig(object):
                 "compensation": self.compensation, "compensation_mode": self.compensation_mode,
                 "warmup_steps": self.warmup_steps, "clip_gradient": self.clip_gradient,
                 "adaptive_beta": self.adaptive_beta, "adaptive_eps": self.adaptive_eps}
+
+
+# -- settings of the store's machinery (not of the local step) -------------------------------
+_DEFAULT_BIGARRAY_BOUND = 1000 * 1000
+
+
+def bigarray_bound(environ=None):
+    """MXNet's MXNET_KVSTORE_BIGARRAY_BOUND: arrays larger than this are sliced over the
+    servers."""
+    environ = os.environ if environ is None else environ
+    return int(environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", _DEFAULT_BIGARRAY_BOUND))
+
+
+def _count(environ, variable, default, meaning):
+    """An integer >= 0 from `variable`, or `default` where it is unset or empty."""
+    text = (environ.get(variable) or "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError("%s=%r must be an integer >= 0 (%s)" % (variable, text, meaning))
+    return value
+
+
+def fusion_elements(environ=None):
+    """Most elements of a fused key group (ODSGD_FUSION_ELEMENTS; 0 turns fusion off). Always
+    below MXNet's big-array bound, so that a fused key is never sliced over the servers."""
+    environ = os.environ if environ is None else environ
+    limit = bigarray_bound(environ) - 1
+    value = _count(environ, "ODSGD_FUSION_ELEMENTS", limit,
+                   "most elements of a fused key; 0 turns fusion off")
+    return min(value, limit)
+
+
+def metrics_interval(environ=None):
+    """Global steps between overlap measurements (ODSGD_METRICS_INTERVAL; 0: none)."""
+    environ = os.environ if environ is None else environ
+    return _count(environ, "ODSGD_METRICS_INTERVAL", 0,
+                  "steps between overlap measurements; 0 turns them off")

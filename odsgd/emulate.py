@@ -309,12 +309,6 @@ class EmulatedCluster(object):
         _run(["ip", "-n", host.netns, "addr", "add", "%s/%d" % (address, PREFIX_LENGTH),
               "dev", host.interface])
 
-    def host_of(self, address):
-        for host in self.hosts:
-            if host.address == address:
-                return host
-        raise KeyError(address)
-
     def link_down(self, index):
         """Unplugs host `index`: its NIC goes down, inside its namespace."""
         host = self.hosts[index]

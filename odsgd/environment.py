@@ -42,6 +42,12 @@ def check_environment(environ=None, probe_scheduler=True):
                          SCHEDULER_WAIT_SECONDS)
 
 
+def num_servers(environ=None):
+    """The job's number of servers (DMLC_NUM_SERVER; 0 where unset)."""
+    environ = os.environ if environ is None else environ
+    return int(environ.get("DMLC_NUM_SERVER", "0") or 0)
+
+
 def _check_scheduler(host, port, wait):
     """Connects to the scheduler's port once, as ps-lite will: ValueError when the host does
     not resolve, when nothing listens there for `wait` seconds, or when what listens is not a

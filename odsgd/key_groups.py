@@ -2,33 +2,19 @@
 
 A `KeyGroup` is one key of MXNet's parameter servers. It carries one parameter, or several
 small ones packed end to end (a *fused* group). Every buffer of a group is one flat 1-D array
-in that layout, and every push and pull of its server key uses such arrays, so that MXNet's
-worker-side buffers for the key keep one shape.
+holding its parameters in that order (the group's *packing*), and every push and pull of its
+server key uses such arrays, so that MXNet's worker-side buffers for the key keep one shape.
 
 The servers see only keys of the store's own: ints it hands out in the same order on every
 worker. A parameter's own key (the Trainer's index, or Module's name) stays on the worker. So
-the store's keys never shift what the servers' optimizer looks up: each group's layout, sent to
-the servers before its first push (server_updater.py), names each parameter's index for the
+the store's keys never shift what the servers' optimizer looks up: each group's packing, sent
+to the servers before its first push (server_updater.py), names each parameter's index for the
 global optimizer (Gluon's index; for Module the position of the name among the parameters,
 which is how Module's optimizer knows names, lr_mult and wd_mult), and MXNet's rule that one
 store never mixes int and string keys holds whatever keys the user has.
 
-Why fuse: MXNet's parameter server pays a fixed cost per key and step (a push and a pull
-message, an engine operation each, the server's round bookkeeping), about as much as moving
-hundreds of kilobytes on loopback. A ResNet has 60 to 160 parameter arrays, most of them small
-(BatchNorm gammas and betas, biases). Packing the small ones into a few keys, as Horovod's
-tensor fusion and BytePS's partitions do, makes a step's cost follow the bytes, not the count
-of arrays. The servers still apply the global optimizer to each parameter on its own, with the
-parameter's own index, so the global update is dist_sync's.
-
-A fused group is never larger than MXNet's big-array bound (MXNET_KVSTORE_BIGARRAY_BOUND),
-above which MXNet slices a key over the servers: each fused key lies whole on one server,
-and the servers share the fused keys as they share any keys. Arrays of at least
-`fusion_elements()` elements stay alone in their group (and may be sliced, as in dist_sync).
+Which keys share a group is planned in odsgd/key_plan.py.
 """
-import os
-import zlib
-
 import mxnet as mx
 import numpy as np
 
@@ -39,59 +25,6 @@ SIGNATURE_KEY_BASE = 1
 GROUP_KEY_BASE = 50000
 KEY_LIMIT = (2 ** 31 - 1) // 9973
 
-_DEFAULT_BIGARRAY_BOUND = 1000 * 1000
-
-
-def bigarray_bound(environ=None):
-    environ = os.environ if environ is None else environ
-    return int(environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", _DEFAULT_BIGARRAY_BOUND))
-
-
-def fusion_elements(environ=None):
-    """Most elements of a fused group (ODSGD_FUSION_ELEMENTS; 0 turns fusion off). Always
-    below MXNet's big-array bound, so that a fused key is never sliced over the servers."""
-    environ = os.environ if environ is None else environ
-    text = (environ.get("ODSGD_FUSION_ELEMENTS") or "").strip()
-    limit = bigarray_bound(environ) - 1
-    if not text:
-        return limit
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError("ODSGD_FUSION_ELEMENTS=%r must be an integer >= 0 (most elements of "
-                         "a fused key; 0 turns fusion off)" % text)
-    return min(value, limit)
-
-
-def plan_fusion(sizes, kinds, limit):
-    """Which arrays share a server key: a list of groups, each a list of positions into
-    `sizes`, in order. Arrays of `limit` elements or more stay alone; the others are packed in
-    order, each group holding arrays of one kind (dtype and context) and at most `limit`
-    elements. Every worker computes the same plan from the same model."""
-    groups, open_groups = [], {}
-    for position, (size, kind) in enumerate(zip(sizes, kinds)):
-        if limit <= 0 or size >= limit:
-            groups.append([position])
-            continue
-        group = open_groups.get(kind)
-        if group is None or group[1] + size > limit:
-            group = [[], 0]
-            open_groups[kind] = group
-            groups.append(group[0])
-        group[0].append(position)
-        group[1] += size
-    return groups
-
-
-def plan_signature(groups, sizes):
-    """A number that differs between two plans (for the check that every worker has the same):
-    24 bits of a CRC of the groups' positions and sizes (the servers keep every value as
-    float32, which holds integers of 24 bits exactly)."""
-    text = ";".join(",".join("%d:%d" % (p, sizes[p]) for p in group) for group in groups)
-    return float(zlib.crc32(text.encode("ascii")) & 0xFFFFFF)
-
 
 class KeyGroup(object):
     """One server key and the parameters it carries.
@@ -101,7 +34,7 @@ class KeyGroup(object):
     server_key : int
         The key MXNet's servers know it by (one of the store's own).
     keys : list
-        The user's keys of its parameters, in layout order.
+        The user's keys of its parameters, in packing order.
     indices : list of int
         Each parameter's index for the global optimizer (the id the servers would give its
         key on its own), which selects its lr_mult / wd_mult and its optimizer states.
@@ -168,7 +101,8 @@ class KeyGroup(object):
             self.scratch = mx.nd.zeros((self.total,), self.context, dtype=self.dtype)
         return self.scratch
 
-    def layout(self):
-        """[(optimizer index, offset, size)] as the servers need it (server_updater.py)."""
+    def packing(self):
+        """Where each parameter lies in the flat buffers, [(optimizer index, offset, size)], as
+        the servers need it (server_updater.py)."""
         return [(int(i), int(o), int(n)) for i, o, n in zip(self.indices, self.offsets,
                                                            self.sizes)]

@@ -24,21 +24,18 @@ overlap: step t+1's local update waits for pull t-1 in any case.
 """
 import copy
 import logging
-import os
 
 import mxnet as mx
 from mxnet.kvstore import KVStoreBase
 
-from . import native, rates, state_files
-from .agreement import OPTIMIZER_COMMAND, WorkerAgreement
+from . import native, rates, state_files, worker_states
+from . import server_updater as servers
+from .agreement import WorkerAgreement
 from .config import ODSGDConfig
 from .environment import check_environment, exit_on_uncaught_exception
-from .key_groups import (GROUP_KEY_BASE, KEY_LIMIT, KeyGroup, fusion_elements, plan_fusion,
-                         plan_signature)
+from .key_plan import KeyPlanner, check_dense
 from .local_update import LocalUpdater, fused_ops_take
-from .overlap import OverlapMeter, metrics_interval
-from .server_updater import (ServerOptimizer, group_layouts_command, learning_rate_command,
-                             multipliers_command)
+from .overlap import OverlapMeter
 
 LOG = logging.getLogger("odsgd")
 
@@ -52,14 +49,6 @@ class StoreType(str):
         return str.__contains__(self, part) or part in ("_sync", "sync")
 
 
-def _num_servers():
-    return int(os.environ.get("DMLC_NUM_SERVER", "0") or 0)
-
-
-def _server_pattern(fname):
-    return fname.replace("%", "%%") + ".server%d"
-
-
 class _UpdaterView(object):
     def __init__(self, optimizer):
         self.optimizer = optimizer
@@ -67,33 +56,6 @@ class _UpdaterView(object):
 
 def _as_list(value):
     return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
-def _check_dense(arrays, what):
-    for array in arrays:
-        if getattr(array, "stype", "default") != "default":
-            raise TypeError("dist_odsgd supports dense %s only, got stype %r; use "
-                            "kvstore='dist_sync' for sparse parameters or gradients"
-                            % (what, array.stype))
-
-
-class _Plan(object):
-    """How one pushpull call's keys map onto key groups: [(group, positions in the call)],
-    and where each group's multipliers come from."""
-
-    def __init__(self, groups, optimizer):
-        self.groups = groups
-        # Gluon Parameters may change lr_mult / wd_mult at any time: read them each step.
-        # Module's multipliers are fixed by the symbol and the optimizer: read them once.
-        self.params = [[optimizer.param_dict.get(i) for i in group.indices]
-                       for group, _ in groups]
-        self.fixed = [[rates.multipliers(optimizer, i) for i in group.indices]
-                      for group, _ in groups]
-
-    def multipliers(self, position):
-        params = self.params[position]
-        fixed = self.fixed[position]
-        return [(p.lr_mult, p.wd_mult) if p is not None else m for p, m in zip(params, fixed)]
 
 
 class DistODSGD(KVStoreBase):
@@ -124,25 +86,21 @@ class DistODSGD(KVStoreBase):
                  compensation_mode=None, warmup_steps=None):
         self.config = ODSGDConfig(local_optimizer, local_optimizer_params, compensation,
                                   compensation_mode, warmup_steps)
-        self._fusion_elements = fusion_elements()
-        self.overlap = OverlapMeter(metrics_interval())
+        self.overlap = OverlapMeter(self.config.metrics_interval)
         check_environment()
         #: MXNet's own dist_sync store underneath
         self.raw = mx.kv.create("dist_sync")
         exit_on_uncaught_exception()
-        self._groups = {}          # user key -> the KeyGroup that holds it now
-        self._index = {}           # user key -> its index for the global optimizer
-        self._string_keys = 0      # MXNet numbers string keys 0, 1, ... as first initialised
-        self._plans = {}           # tuple of keys -> _Plan
-        self._next_server_key = GROUP_KEY_BASE
-        self._unregistered = []    # groups whose layout the servers do not know yet
         self._server_multipliers = {}
         #: global steps made (pushes of the newest key group)
         self.global_step = 0
         self.global_optimizer = None
-        self._local = None
+        #: the LocalUpdater (made by set_optimizer)
+        self.local = None
         self._server_lr = None
         self.agreement = WorkerAgreement(self)
+        #: the user's keys and their key groups (odsgd/key_plan.py)
+        self.planner = KeyPlanner(self.raw, self.agreement, self.config.fusion_elements)
 
     # -- KVStoreBase properties ------------------------------------------------------------
     @property
@@ -175,7 +133,7 @@ class DistODSGD(KVStoreBase):
                 self.broadcast(k, v, o, priority)
             return
         outs = _as_list(out)
-        _check_dense(outs, "weights")
+        check_dense(outs, "weights")
         group = self._new_key(key, value)
         initial = group.views(group.current)[0]
         for o in outs:
@@ -184,53 +142,24 @@ class DistODSGD(KVStoreBase):
     def _new_key(self, key, value):
         """One collective init: the shape check, rank 0's value to the servers (as a flat
         array, the shape every later push and pull of the key uses), and W_0 pulled back."""
-        _check_dense([value], "weights")
-        if key in self._groups:
-            raise ValueError(
-                "key %r is already initialised in this dist_odsgd store: a store serves one "
-                "gluon.Trainer or Module (two Trainers on one store would share keys 0, 1, ...); "
-                "give each Trainer its parameters once, or one Trainer all of them" % (key,))
-        if isinstance(key, str):
-            index = self._string_keys   # as MXNet numbers string keys; Module's idx2name too
-        elif isinstance(key, int) and not isinstance(key, bool) and key >= 0:
-            index = key                 # gluon.Trainer's parameter index
-        else:
-            raise ValueError("dist_odsgd keys are strings or ints >= 0, got %r" % (key,))
-        if self._index and isinstance(next(iter(self._index)), str) != isinstance(key, str):
-            raise ValueError("key %r: a dist_odsgd store takes int keys (gluon.Trainer) or "
-                             "string keys (Module), not both, as MXNet's stores" % (key,))
+        check_dense([value], "weights")
+        index = self.planner.index_of_new(key)
         self.agreement.check_same_shape(key, value)
-        group = KeyGroup(self._allocate_server_key(), [key], [index], [value],
-                         first_step=self.global_step)
+        group = self.planner.add_key(key, index, value, self.global_step)
         self.raw.init(group.server_key, value.reshape((-1,)))
-        if isinstance(key, str):
-            self._string_keys += 1
-        self._index[key] = index
         self.raw.pull(group.server_key, out=group.current)
         group.current.copyto(group.previous)
         # Gluon's Trainer broadcasts in its first step, after backward: MXNet's engine does not
         # order this pull before the gradient push that follows (other arrays), and a late
         # pull would answer with W_1. One wait per key at init keeps W_0 exact.
         group.previous.wait_to_read()
-        self._groups[key] = group
-        self._unregistered.append(group)
         return group
 
-    def _allocate_server_key(self):
-        key = self._next_server_key
-        if key >= KEY_LIMIT:
-            raise ValueError("dist_odsgd ran out of server keys (%d parameters and re-packings);"
-                             " MXNet's servers take keys below %d" % (key - GROUP_KEY_BASE,
-                                                                     KEY_LIMIT))
-        self._next_server_key += 1
-        return key
-
-    def _register_layouts(self):
-        """Tells the servers the layouts of new groups, before their first push."""
-        if self._unregistered:
-            layouts = {g.server_key: g.layout() for g in self._unregistered}
-            self.raw._send_command_to_servers(OPTIMIZER_COMMAND, group_layouts_command(layouts))
-            self._unregistered = []
+    def _register_packings(self):
+        """Tells the servers the packings of new groups, before their first push."""
+        packings = self.planner.new_packings()
+        if packings:
+            servers.send_command(self.raw, servers.group_packings_command(packings))
 
     # -- communication ---------------------------------------------------------------------
     def push(self, key, value, priority=0):
@@ -238,8 +167,9 @@ class DistODSGD(KVStoreBase):
         dist_sync, and brings the store's global weights up to date. Only pushpull makes local
         OD-SGD updates."""
         keys, values = (key, value) if isinstance(key, (list, tuple)) else ([key], [value])
-        plan = self._plan(list(keys), [_as_list(v) for v in values], None)
-        self._register_layouts()
+        plan = self.planner.plan(list(keys), [_as_list(v) for v in values], None, self.local,
+                                 self.global_step)
+        self._register_packings()
         for group, positions in plan.groups:
             self._exchange(group, [_as_list(values[p]) for p in positions])
             group.step += 1
@@ -251,10 +181,10 @@ class DistODSGD(KVStoreBase):
             raise ValueError("pull needs out=, the arrays that receive the global weights")
         keys, outs = (key, out) if isinstance(key, (list, tuple)) else ([key], [out])
         outs = [_as_list(o) for o in outs]
-        _check_dense([o for group in outs for o in group], "weights")
+        check_dense([o for group in outs for o in group], "weights")
         pulled = {}
         for k, targets in zip(keys, outs):
-            group = self._group_of(k)
+            group = self.planner.group_of(k)
             if id(group) not in pulled:
                 scratch = group.scratch_buffer()
                 self.raw.pull(group.server_key, out=scratch, priority=priority)
@@ -281,8 +211,8 @@ class DistODSGD(KVStoreBase):
                 [_as_list(o) for o in out]
         else:
             keys, values, outs = [key], [_as_list(value)], [_as_list(out)]
-        plan = self._plan(keys, values, outs)
-        self._register_layouts()
+        plan = self.planner.plan(keys, values, outs, self.local, self.global_step)
+        self._register_packings()
         self._sync_learning_rate()
         self._sync_multipliers(plan)
         # One call is one global step of all its keys: a key that was not pushed for a while
@@ -296,109 +226,12 @@ class DistODSGD(KVStoreBase):
             self.global_optimizer.num_update,
             rates.schedule_count(self.global_optimizer, self.global_step - 1))
 
-    # -- key groups ------------------------------------------------------------------------
-    def _group_of(self, key):
-        group = self._groups.get(key)
-        if group is None:
-            raise ValueError("key %r was never initialised: call kv.init or kv.broadcast "
-                             "first" % (key,))
-        return group
-
     def active_groups(self):
         """Key groups that are pushed each step (for the step check's probe)."""
-        unique = {id(g): g for g in self._groups.values()}
-        return [g for g in unique.values() if g.step > 0 and not g.retired]
+        return self.planner.active_groups()
 
-    def _plan(self, keys, values, outs):
-        """The key groups of a call with these keys (cached). The first call with several keys
-        packs their small parameters into fused keys (collective: every worker makes the same
-        calls at the same step)."""
-        plan = self._plans.get(tuple(keys))
-        if plan is not None:
-            return plan
-        if len(values) != len(keys) or (outs is not None and len(outs) != len(keys)):
-            raise ValueError("pushpull got %d keys but %d gradients and %s outputs"
-                             % (len(keys), len(values), len(outs) if outs is not None else 0))
-        groups = [self._group_of(k) for k in keys]
-        for grads in values:
-            _check_dense(grads, "gradients")
-        for weights in outs or []:
-            _check_dense(weights, "weights")
-        position = {k: i for i, k in enumerate(keys)}
-        covered = [g for g in {id(g): g for g in groups}.values()
-                   if not g.retired and all(k in position for k in g.keys)]
-        loose = [k for k, g in zip(keys, groups) if not any(g is c for c in covered)]
-        if len(keys) > 1 and self._fusion_elements > 0 and self.global_optimizer is not None:
-            fusible = [k for k in keys if not (self._groups[k] in covered
-                                               and self._groups[k].fused)]
-            covered = [g for g in covered if g.fused]
-            self._fuse(fusible)
-        elif loose:
-            fused = [k for k in loose if self._groups[k].fused]
-            if fused:
-                raise ValueError(
-                    "key %r is pushed together with other keys in one fused server key of "
-                    "dist_odsgd (gluon.Trainer and Module make one call for all keys); push "
-                    "those keys together, as %r, or set ODSGD_FUSION_ELEMENTS=0 to give every "
-                    "key its own" % (fused[0], self._groups[fused[0]].keys))
-        entries, seen = [], set()
-        for k in keys:
-            group = self._groups[k]
-            if id(group) not in seen:
-                seen.add(id(group))
-                entries.append((group, [position[m] for m in group.keys]))
-        plan = _Plan(entries, self.global_optimizer or mx.optimizer.SGD())
-        self._plans[tuple(keys)] = plan
-        return plan
-
-    def _fuse(self, keys):
-        """Packs `keys` into key groups (key_groups.plan_fusion): collective. A key already alone
-        in its own individual group stays there; the others get fused server keys, initialised
-        with the global weights W_t the store holds (equal on every worker), and keep their
-        local states. The servers keep each parameter's optimizer state by its index, so it
-        carries over."""
-        old = [self._groups[k] for k in keys]
-        templates = [g.views(g.current)[g.position(k)] for k, g in zip(keys, old)]
-        sizes = [int(t.size) for t in templates]
-        kinds = [(str(t.dtype), str(t.context)) for t in templates]
-        layout = plan_fusion(sizes, kinds, self._fusion_elements)
-        signature = plan_signature(layout, sizes)
-        self.agreement.check_same(
-            [signature], lambda v: "%d" % v[0],
-            lambda mine, theirs: "the workers pack their parameters differently (plan %s here, "
-            "%s on rank 0): every worker must build the same model and set the same "
-            "ODSGD_FUSION_ELEMENTS and MXNET_KVSTORE_BIGARRAY_BOUND" % (mine, theirs))
-        made = False
-        for members in layout:
-            member_keys = [keys[p] for p in members]
-            if len(members) == 1 and not old[members[0]].fused:
-                continue
-            server_key = self._allocate_server_key()
-            group = KeyGroup(server_key, member_keys, [self._index[k] for k in member_keys],
-                             [templates[p] for p in members], first_step=self.global_step)
-            sources = [old[p] for p in members]
-            self._local.prepare(group)
-            for buffer in ("current", "previous", "mom", "var"):
-                if getattr(group, buffer) is None:
-                    continue
-                targets = group.views(getattr(group, buffer))
-                for target, source, key in zip(targets, sources, member_keys):
-                    flat = getattr(source, buffer)
-                    if flat is not None:
-                        source.views(flat)[source.position(key)].copyto(target)
-            for source in sources:
-                source.retired = True
-            group.step = 0
-            group.first_step = max(s.global_step for s in sources)
-            self._unregistered.append(group)
-            self.raw.init(server_key, group.current)
-            for key in member_keys:
-                self._groups[key] = group
-            made = True
-        if made:
-            self._plans.clear()
-            LOG.info("odsgd: %d parameters on %d server keys",
-                     len(keys), len({id(self._groups[k]) for k in keys}))
+    def _holding_groups(self):
+        return self.planner.holding_groups()
 
     # -- one step of one group -------------------------------------------------------------
     def _gradients(self, group, grads):
@@ -428,7 +261,7 @@ class DistODSGD(KVStoreBase):
             gradients, summed = self._gradients(group, grads)
             # W_t is group.current, pulled during step t-1 (or W_0).
             self.overlap.measure_wait(group.server_key, step, gradients[0], group.current)
-            self._local.update_group(group, step, [w[0] for w in weights], gradients,
+            self.local.update_group(group, step, [w[0] for w in weights], gradients,
                                      multipliers, send=None if summed else group.send)
             self.raw.push(group.server_key, group.send)
             self.raw.pull(group.server_key, out=group.previous)
@@ -449,18 +282,13 @@ class DistODSGD(KVStoreBase):
         if not isinstance(optimizer, mx.optimizer.Optimizer):
             raise TypeError("set_optimizer needs an mx.optimizer.Optimizer, got %r"
                             % type(optimizer).__name__)
-        if self.config.local_optimizer == "predict" and \
-                type(optimizer) not in (mx.optimizer.SGD, mx.optimizer.NAG):
-            raise ValueError("local_optimizer='predict' predicts an SGD step and needs the "
-                             "global optimizer 'sgd', got %r ('nag', SGD with Nesterov "
-                             "momentum, works too); use local_optimizer='sgd' with another "
-                             "global optimizer" % type(optimizer).__name__)
-        self.raw.set_optimizer(ServerOptimizer(_server_safe(optimizer)))
+        local = LocalUpdater(self.config, optimizer, self.num_workers)   # may refuse it
+        self.raw.set_optimizer(servers.ServerOptimizer(_server_safe(optimizer)))
         self.global_optimizer = optimizer
         self._server_lr = optimizer.lr
         self._server_multipliers = {}
-        self._plans.clear()
-        self._local = LocalUpdater(self.config, optimizer, self.num_workers)
+        self.planner.forget_plans()
+        self.local = local
 
     def _sync_learning_rate(self):
         """Sends a learning rate set on the worker (Trainer.set_learning_rate) to the servers,
@@ -471,7 +299,7 @@ class DistODSGD(KVStoreBase):
         # Steps already pushed keep the old rate: let them reach the servers first (a rare
         # stall: learning rates change once an epoch or so).
         mx.nd.waitall()
-        self.raw._send_command_to_servers(OPTIMIZER_COMMAND, learning_rate_command(lr))
+        servers.send_command(self.raw, servers.learning_rate_command(lr))
         self._server_lr = lr
         LOG.info("odsgd: learning rate %g sent to the servers", lr)
 
@@ -486,7 +314,7 @@ class DistODSGD(KVStoreBase):
                     changed[index] = (param.lr_mult, param.wd_mult)
         if changed:
             mx.nd.waitall()   # steps already pushed keep the multipliers they were made with
-            self.raw._send_command_to_servers(OPTIMIZER_COMMAND, multipliers_command(changed))
+            servers.send_command(self.raw, servers.multipliers_command(changed))
             self._server_multipliers.update(changed)
 
     def set_gradient_compression(self, compression_params):
@@ -510,10 +338,7 @@ class DistODSGD(KVStoreBase):
         raise TypeError("dist_odsgd supports dense weights only, got row_sparse_pull; use "
                         "kvstore='dist_sync' for sparse parameters or gradients")
 
-    # -- checkpoints -----------------------------------------------------------------------
-    def _holding_groups(self):
-        return list({id(g): g for g in self._groups.values()}.values())
-
+    # -- checkpoints (odsgd/worker_states.py) ---------------------------------------------
     def save_optimizer_states(self, fname, dump_optimizer=False):
         """Saves this worker's OD-SGD states to `fname`: local states (momentum, adaptive
         variance), step counts, the last two global weights W_t and W_{t-1}, the global
@@ -530,30 +355,12 @@ class DistODSGD(KVStoreBase):
         servers' own file system. Call it on every worker after the same step;
         `odsgd.save_checkpoint` does that and saves the weights too. Everything pushed so far
         is applied first."""
-        from . import server_updater as servers
         mx.nd.waitall()   # every step this worker pushed is applied; W_t has arrived
-        optimizer = self.global_optimizer
-        server_states = self.rank == 0 and optimizer is not None
-        steps, global_weights = {}, {}
-        for key, group in self._groups.items():
-            i = group.position(key)
-            steps[key] = group.global_step
-            global_weights[key] = (group.views(group.current)[i].asnumpy(),
-                                   group.views(group.previous)[i].asnumpy())
-        saved = {"format": state_files.WORKER_STATES_FORMAT, "config": self.config.as_dict(),
-                 "rank": self.rank, "num_workers": self.num_workers,
-                 "num_servers": _num_servers(),
-                 "steps": steps, "global_step": self.global_step,
-                 "global_weights": global_weights,
-                 "local": self._local.get_states(self._holding_groups()) if self._local else None,
-                 "num_update": optimizer.num_update if optimizer is not None else None,
-                 "server_states": server_states}
-        if dump_optimizer:
-            saved["optimizer"] = optimizer
+        saved = worker_states.collect(self, dump_optimizer)
         state_files.save_worker_states(fname, saved)
-        if server_states:
-            self.raw._send_command_to_servers(
-                OPTIMIZER_COMMAND, servers.save_states_command(_server_pattern(fname)))
+        if saved["server_states"]:
+            servers.send_command(self.raw, servers.save_states_command(
+                worker_states.server_pattern(fname)))
 
     def load_optimizer_states(self, fname):
         """Loads what save_optimizer_states wrote, after the keys were initialised (Trainer's
@@ -562,50 +369,13 @@ class DistODSGD(KVStoreBase):
         have as many servers as the one that saved. The global weights on the servers come
         from rank 0's parameters when the keys are initialised: load them into the parameters
         first (`odsgd.load_checkpoint` does all of this)."""
-        from . import server_updater as servers
-        saved = state_files.load_worker_states(fname, self.rank)
-        if saved.get("format") != state_files.WORKER_STATES_FORMAT:
-            raise ValueError("%s holds dist_odsgd states of format %r; this version reads "
-                             "format %d (save the checkpoint again with this version)"
-                             % (fname, saved.get("format"),
-                                state_files.WORKER_STATES_FORMAT))
-        if saved.get("server_states") and saved.get("num_servers") != _num_servers():
-            raise ValueError("%s was saved by a job with %s servers, this job has %d: start it "
-                             "with -s %s (each server holds its own part of the states)"
-                             % (fname, saved.get("num_servers"), _num_servers(),
-                                saved.get("num_servers")))
-        for key, (current, previous) in saved["global_weights"].items():
-            if key not in self._groups:
-                raise ValueError("saved states have key %r, which this store has not "
-                                 "initialised" % (key,))
-            group = self._groups[key]
-            if group.shapes[group.position(key)] != current.shape:
-                raise ValueError("saved states of key %r have shape %s, the parameter has %s"
-                                 % (key, current.shape, group.shapes[group.position(key)]))
-        for key, (current, previous) in saved["global_weights"].items():
-            group = self._groups[key]
-            i = group.position(key)
-            group.views(group.current)[i][:] = current
-            group.views(group.previous)[i][:] = previous
-            group.first_step, group.step = 0, saved["steps"][key]
-        self.global_step = saved["global_step"]
-        if saved.get("local") is not None:
-            if self._local is None:
-                raise ValueError("call set_optimizer before load_optimizer_states")
-            self._local.set_states(saved["local"], self._holding_groups())
-        if saved.get("num_update") is not None and self.global_optimizer is not None:
-            self.global_optimizer.num_update = saved["num_update"]
+        saved = worker_states.read(fname, self.rank, self.planner)
+        worker_states.restore(saved, self)
         if saved.get("server_states") and self.rank == 0:
             if self.global_optimizer is None:
                 raise ValueError("call set_optimizer before load_optimizer_states")
-            pattern = _server_pattern(fname)
-            missing = [pattern % k for k in range(_num_servers())
-                       if not os.path.exists(pattern % k)]
-            if missing:
-                raise ValueError("the servers' states %s are missing (written beside %s by "
-                                 "rank 0's save_optimizer_states)" % (", ".join(missing), fname))
-            self.raw._send_command_to_servers(
-                OPTIMIZER_COMMAND, servers.load_states_command(pattern))
+            pattern = worker_states.check_server_files(fname)
+            servers.send_command(self.raw, servers.load_states_command(pattern))
 
     @property
     def _updater(self):
@@ -624,10 +394,7 @@ class DistODSGD(KVStoreBase):
         is checked at exit: a worker that makes more or fewer steps than the others ends with
         a ValueError naming the rule instead of leaving the job waiting for its pushes forever
         (docs/reliability.md)."""
-        return self.agreement.equal_steps(local_batches)
-
-    def global_learning_rate(self, step):
-        return rates.global_learning_rate(self.global_optimizer, step)
+        return self.agreement.fewest_batches(local_batches)
 
     def _barrier(self):
         self.raw._barrier()
@@ -651,7 +418,7 @@ def _server_safe(optimizer):
 
 
 def _gather(grads, group, flat):
-    """flat = the gradients end to end (group layout): one operator where the library takes
+    """flat = the gradients end to end (the group's packing): one operator where the library takes
     the arrays, else one copy per parameter."""
     arrays = list(grads) + [flat]
     if fused_ops_take(group, arrays):
@@ -717,7 +484,7 @@ def load_global_weights(trainer_or_module):
     if hasattr(trainer_or_module, "_params"):          # gluon.Trainer
         pairs = [(index, param.list_data()) for index, param
                  in enumerate(trainer_or_module._params)
-                 if param.grad_req != "null" and index in kv._groups]
+                 if param.grad_req != "null" and index in kv.planner.groups]
     else:                                              # Module
         group = trainer_or_module._exec_group
         pairs = list(zip(group.param_names, group.param_arrays))

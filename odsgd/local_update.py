@@ -1,21 +1,33 @@
 """The worker's local update of OD-SGD (SPEC.md section 2, OD phase), in one place.
 
-`LocalUpdater.update_group` turns (w_t, grad_t, W_t[, W_{t-1}]) into w_{t+1} in place for every
-parameter of a key group (odsgd/key_groups.py) at once. It runs one fused C++ operator for the
-whole group (kvstore_ext/, odsgd.native.multi_update_) when the library is loaded and takes the
-arrays, and the same formulas as NDArray ops per parameter otherwise (another dtype than
-float32, no library); both agree to float32 rounding.
+The local update rule is decided once: its kind from the `local_optimizer` name when the
+store is made (`local_rule_kind`, which also checks the settings that kind takes), the rule
+itself when the global optimizer is set (`LocalRule.create`). One class per rule:
+
+    LocalSGDRule      'sgd'                              the authors' local SGD, own rates
+    PredictSGDRule    'predict', global optimizer SGD    W + mu (W - W_prev) - lr (N gc + wd W)
+    PredictNAGRule    'predict', global optimizer NAG    NAG's update from an estimate of the
+                                                         servers' state (docs/predict.md)
+    MXOptimizerRule   any other mx.optimizer name        that optimizer on a copy of W_t
+
+Each knows the flat states it keeps per key group (`buffers`: `mom` is the momentum of 'sgd'
+and the NAG estimate of 'predict'; `var` the adaptive compensation's v), its rates, and how it
+runs on a whole key group (odsgd/key_groups.py): one fused C++ operator
+(`odsgd.native.multi_update_`) when the library is loaded and takes the arrays, the same
+formulas as NDArray ops per parameter otherwise (another dtype than float32, no library);
+both agree to float32 rounding. `UpdateParams` carries one call's hyper-parameters.
 
 Each parameter uses its own rates, as the servers apply them (odsgd/rates.py): the learning
 rate times its lr_mult and the weight decay times its wd_mult, for 'predict' and 'sgd' alike
 (a frozen layer, lr_mult 0, stays where the servers keep it; biases with wd_mult 0 get no
 local weight decay).
 
-'predict' predicts the global optimizer's own step: SGD's from W_t and W_{t-1}, NAG's from
-W_t and an estimate of the servers' NAG state that the worker advances from the global weights
-and rates it receives (docs/predict.md states both rules).
+`LocalUpdater` holds one worker's rule and runs it on key groups.
 """
+import copy
+import dataclasses
 import logging
+from typing import List, Optional
 
 import mxnet as mx
 import numpy as np
@@ -26,14 +38,13 @@ from .rates import global_learning_rate
 LOG = logging.getLogger("odsgd")
 
 
+# -- the formulas as NDArray ops (the fallback of the fused operator) ---------------------------
 def ndarray_local_update_(weight, grad, global_weight, mom, var, *, rescale_grad, clip_gradient,
                           lr, momentum, wd, lam, adaptive, beta, eps):
     """NDArray fallback of the local SGD step (several passes over memory).
 
     step = g + wd W + lam c g^2 (W - w);  m = mu m - lr step;  w = W + m."""
-    g = grad * rescale_grad
-    if clip_gradient is not None and clip_gradient > 0:
-        g = mx.nd.clip(g, -clip_gradient, clip_gradient)
+    g = _rescaled(grad, rescale_grad, clip_gradient)
     step = g + wd * global_weight if wd else g
     if lam:
         step = step + _compensation(g, var, lam, adaptive, beta, eps) * (global_weight - weight)
@@ -46,11 +57,8 @@ def ndarray_predict_update_(weight, grad, global_weight, prev_global_weight, var
                             eps, num_workers):
     """NDArray fallback of the 'predict' step:
     w = W + mu (W - W_prev) - lr (N gc + wd W), gc = g + lam c g^2 (W - w)."""
-    g = grad * rescale_grad
-    if clip_gradient is not None and clip_gradient > 0:
-        g = mx.nd.clip(g, -clip_gradient, clip_gradient)
-    if lam:
-        g = g + _compensation(g, var, lam, adaptive, beta, eps) * (global_weight - weight)
+    g = _compensated(weight, grad, global_weight, var, rescale_grad, clip_gradient, lam,
+                     adaptive, beta, eps)
     update = num_workers * g + wd * global_weight if wd else num_workers * g
     weight[:] = global_weight + momentum * (global_weight - prev_global_weight) - lr * update
 
@@ -61,11 +69,8 @@ def ndarray_nag_predict_update_(weight, grad, global_weight, prev_global_weight,
     """NDArray fallback of the 'predict' step for the global optimizer NAG (docs/predict.md):
     dW = W - W_prev;  est = (dW + mu est) / (1 + mu) - prev_decay dW;  a = mu est;
     w = (W - a) + (1 + mu) (a - lr (N gc + wd W)),  gc = g + lam c g^2 (W - w)."""
-    g = grad * rescale_grad
-    if clip_gradient is not None and clip_gradient > 0:
-        g = mx.nd.clip(g, -clip_gradient, clip_gradient)
-    if lam:
-        g = g + _compensation(g, var, lam, adaptive, beta, eps) * (global_weight - weight)
+    g = _compensated(weight, grad, global_weight, var, rescale_grad, clip_gradient, lam,
+                     adaptive, beta, eps)
     # 1 + mu as MXNet's nag_mom_update forms it, in float32
     one_plus_mu = float(np.float32(momentum) + np.float32(1.0))
     delta = global_weight - prev_global_weight
@@ -73,6 +78,23 @@ def ndarray_nag_predict_update_(weight, grad, global_weight, prev_global_weight,
     a = momentum * est
     d = num_workers * g + wd * global_weight if wd else num_workers * g
     weight[:] = (global_weight - a) + one_plus_mu * (a - lr * d)
+
+
+def _rescaled(grad, rescale_grad, clip_gradient):
+    """g = r * grad, clipped to [-clip, clip] when clip_gradient > 0."""
+    g = grad * rescale_grad
+    if clip_gradient is not None and clip_gradient > 0:
+        g = mx.nd.clip(g, -clip_gradient, clip_gradient)
+    return g
+
+
+def _compensated(weight, grad, global_weight, var, rescale_grad, clip_gradient, lam, adaptive,
+                 beta, eps):
+    """gc = g + lam c g^2 (W - w): the delay-compensated gradient of 'predict'."""
+    g = _rescaled(grad, rescale_grad, clip_gradient)
+    if lam:
+        g = g + _compensation(g, var, lam, adaptive, beta, eps) * (global_weight - weight)
+    return g
 
 
 def _compensation(g, var, lam, adaptive, beta, eps):
@@ -97,47 +119,150 @@ def fused_ops_take(group, arrays):
     return answer
 
 
-class LocalUpdater(object):
-    """Local states of one worker and the OD-phase update.
+# -- one call's hyper-parameters ---------------------------------------------------------------
+@dataclasses.dataclass
+class UpdateParams:
+    """The hyper-parameters of one local step of a key group: `UpdateParams` of
+    kvstore_ext/local_update_kernels.h, with lr, wd and prev_decay one per array (its
+    `ParamsOf`). clip_gradient <= 0 means no clipping; `adaptive` selects c = 1 / sqrt(v + eps)
+    (only where lam != 0)."""
+    rescale_grad: float
+    clip_gradient: float
+    momentum: float
+    lam: float
+    adaptive: bool
+    beta: float
+    eps: float
+    num_workers: int
+    lrs: List[float]
+    wds: List[float]
+    prev_decays: Optional[List[float]] = None
 
-    Parameters
-    ----------
-    config : odsgd.config.ODSGDConfig
-    global_optimizer : mx.optimizer.Optimizer
-        The optimizer the servers run (its rescale_grad, lr schedule, momentum and wd are read
-        each step, so Trainer's changes are seen).
-    num_workers : int
+    def shared(self):
+        """The arguments every array of the call shares, as the fused operator and the
+        NDArray fallbacks take them."""
+        return dict(rescale_grad=self.rescale_grad, clip_gradient=self.clip_gradient,
+                    momentum=self.momentum, lam=self.lam, adaptive=self.adaptive,
+                    beta=self.beta, eps=self.eps)
+
+
+# -- the rules, one class each ------------------------------------------------------------------
+class LocalRule(object):
+    """One local update rule (see the module's docstring), made for one global optimizer.
+
+    Class attributes: `kind`, the fused operator's kind (None: no fused operator);
+    `buffers`, the KeyGroup flat states it keeps (zero at first).
     """
+    kind = None
+    buffers = ()
 
     def __init__(self, config, global_optimizer, num_workers):
         self.config = config
         self.global_optimizer = global_optimizer
         self.num_workers = num_workers
-        self._groups = {}        # key -> its KeyGroup for update() (one array, unit tests)
-        self._optimizer = None   # an mx.optimizer local optimizer
-        self._updater = None
         self._fallback_logged = False
-        # 'predict' for the global optimizer NAG: group.mom holds the estimate of the servers'
-        # NAG state, advanced from W_{t-1}, W_t and the rates of the round between them
-        # (docs/predict.md).
-        self.nag_predict = (config.local_optimizer == "predict"
-                            and isinstance(global_optimizer, mx.optimizer.NAG))
-        self._last_rates = {}    # server key -> (step, lrs, wds) of its last local step
-        if config.local_optimizer not in ("sgd", "predict"):
-            self._optimizer = config.create_local_optimizer(learning_rate=0.01)
-            self._updater = mx.optimizer.get_updater(self._optimizer)
+        if config.compensation and config.compensation_mode == "adaptive":
+            self.buffers = self.buffers + ("var",)
 
-    # -- rates -----------------------------------------------------------------------------
+    @classmethod
+    def check_settings(cls, config):
+        """Checks the settings this kind of rule takes (ValueError naming the fix); returns
+        what it built from them (the mx.optimizer of MXOptimizerRule, else None)."""
+        return None
+
+    @classmethod
+    def create(cls, config, global_optimizer, num_workers):
+        """The rule of this kind for `global_optimizer`."""
+        return cls(config, global_optimizer, num_workers)
+
+    # -- rates ---------------------------------------------------------------------------------
+    def base_rates(self, step):
+        """(lr, wd, momentum) of global step `step` before the parameters' multipliers."""
+        raise NotImplementedError
+
+    def rates(self, step, multipliers):
+        """(lrs, wds, momentum) of global step `step` for parameters with these
+        (lr_mult, wd_mult): the rates the local step uses, one per parameter."""
+        lr, wd, momentum = self.base_rates(step)
+        return ([lr * m for m, _ in multipliers], [wd * m for _, m in multipliers], momentum)
+
+    def params(self, group, step, multipliers):
+        """The UpdateParams of this step of `group`."""
+        cfg = self.config
+        lrs, wds, momentum = self.rates(step, multipliers)
+        return UpdateParams(rescale_grad=self.global_optimizer.rescale_grad,
+                            clip_gradient=cfg.clip_gradient if cfg.clip_gradient else -1.0,
+                            momentum=momentum, lam=cfg.compensation,
+                            # v only matters where the compensation term does (lam != 0)
+                            adaptive=bool(cfg.compensation)
+                            and cfg.compensation_mode == "adaptive",
+                            beta=cfg.adaptive_beta, eps=cfg.adaptive_eps,
+                            num_workers=self.num_workers, lrs=lrs, wds=wds)
+
+    # -- the step ------------------------------------------------------------------------------
+    def update_group(self, group, step, weights, grads, multipliers, send):
+        """w_{step+1} into `weights` (see LocalUpdater.update_group), fused where the
+        operator takes the arrays, else as NDArray ops."""
+        params = self.params(group, step, multipliers)
+        arrays = list(weights) + list(grads) + [group.current, group.previous]
+        arrays += [a for a in (group.mom, group.var, send) if a is not None]
+        if fused_ops_take(group, arrays):
+            native.multi_update_(self.kind, weights, grads, group.current,
+                                 var_flat=group.var, send_flat=send, lrs=params.lrs,
+                                 wds=params.wds, prev_decays=params.prev_decays,
+                                 num_workers=params.num_workers, **self.fused_states(group),
+                                 **params.shared())
+            return
+        self._log_fallback(weights[0])
+        if send is not None:
+            _copy_into(group, send, grads)
+        W, W_prev = group.views(group.current), group.views(group.previous)
+        moms = group.views(group.mom) if group.mom is not None else [None] * len(weights)
+        variances = group.views(group.var) if group.var is not None else [None] * len(weights)
+        for i, (weight, grad) in enumerate(zip(weights, grads)):
+            self.fallback(i, weight, grad, W[i], W_prev[i], moms[i], variances[i], params)
+
+    def fused_states(self, group):
+        """The flat states multi_update_ takes for this kind, by its argument names."""
+        raise NotImplementedError
+
+    def fallback(self, i, weight, grad, W, W_prev, mom, var, params):
+        """The NDArray step of array `i` of the group."""
+        raise NotImplementedError
+
+    def _log_fallback(self, weight):
+        if not self._fallback_logged:
+            self._fallback_logged = True
+            LOG.info("odsgd: the local update uses NDArray operations (%s weights on %s%s)",
+                     weight.dtype.__name__ if hasattr(weight.dtype, "__name__")
+                     else weight.dtype, weight.context,
+                     "" if native.is_loaded() else "; the native library is not loaded")
+
+    # -- states beyond the group's flat buffers ------------------------------------------------
+    def get_extra_states(self):
+        return None
+
+    def set_extra_states(self, saved):
+        pass
+
+
+def _copy_into(group, flat, arrays):
+    """The group's parts of `flat` = `arrays` (the send buffer's copy of the gradients)."""
+    for view, array in zip(group.views(flat), arrays):
+        array.copyto(view)
+
+
+class _OwnRatesRule(LocalRule):
+    """A local optimizer with rates of its own ('sgd' and mx.optimizer names)."""
+
+    def default_momentum(self):
+        raise NotImplementedError
+
     def local_momentum(self):
-        """mu_l: for 'sgd' the configured local momentum, else the global optimizer's (with a
-        local momentum of 0 the derived rate below made 'sgd' diverge, docs/convergence.md);
-        for another mx.optimizer the momentum it was actually given (its own default when
-        none was given, 0 when it has none)."""
+        """mu_l: the configured local momentum, else `default_momentum()`."""
         if self.config.local_momentum is not None:
             return self.config.local_momentum
-        if self._optimizer is not None:
-            return getattr(self._optimizer, "momentum", 0.0) or 0.0
-        return getattr(self.global_optimizer, "momentum", 0.0) or 0.0
+        return self.default_momentum()
 
     def local_learning_rate(self, step):
         """lr_l for global step `step` before the parameter's lr_mult: the local schedule (its
@@ -155,25 +280,118 @@ class LocalUpdater(object):
         return (global_learning_rate(self.global_optimizer, step) * self.num_workers
                 / (1.0 - mu_g) * (1.0 - self.local_momentum()))
 
-    def rates(self, step, multipliers):
-        """(lrs, wds, momentum) of global step `step` for parameters with these
-        (lr_mult, wd_mult): the rates the local step uses, one per parameter."""
-        if self.config.local_optimizer == "predict":
-            opt = self.global_optimizer
-            lr, wd = global_learning_rate(opt, step), opt.wd
-            momentum = getattr(opt, "momentum", 0.0) or 0.0
-        else:
-            lr, wd = self.local_learning_rate(step), self.config.local_wd or 0.0
-            momentum = self.local_momentum()
-        return ([lr * m for m, _ in multipliers], [wd * m for _, m in multipliers], momentum)
+    def base_rates(self, step):
+        return self.local_learning_rate(step), self.config.local_wd or 0.0, self.local_momentum()
+
+
+class LocalSGDRule(_OwnRatesRule):
+    """'sgd': step = g + wd_l W + lam c g^2 (W - w); m = mu_l m - lr_l step; w = W + m."""
+    kind = "sgd"
+    buffers = ("mom",)
+
+    @classmethod
+    def check_settings(cls, config):
+        if config.extra_params:
+            raise ValueError("local_optimizer='sgd' does not take %s; it takes learning_rate, "
+                             "momentum, wd, clip_gradient, lr_scheduler, beta, epsilon"
+                             % ", ".join(sorted(config.extra_params)))
+
+    def default_momentum(self):
+        """The global optimizer's momentum (with a local momentum of 0 the derived rate made
+        'sgd' diverge, docs/convergence.md)."""
+        return getattr(self.global_optimizer, "momentum", 0.0) or 0.0
+
+    def fused_states(self, group):
+        return dict(prev_global_flat=None, mom_flat=group.mom, est_flat=None)
+
+    def fallback(self, i, weight, grad, W, W_prev, mom, var, params):
+        ndarray_local_update_(weight, grad, W, mom, var, lr=params.lrs[i], wd=params.wds[i],
+                              **params.shared())
+
+
+class PredictRule(LocalRule):
+    """'predict': the worker predicts the global update that has not arrived, with the global
+    optimizer's own rates for each parameter (PredictSGDRule, PredictNAGRule)."""
+
+    @classmethod
+    def check_settings(cls, config):
+        where = config.where
+        rates = ("local_lr", "local_momentum", "local_wd")
+        given = [name for name in rates if where(name) == "argument"]
+        refused = sorted(config.parameter_of(name) for name in given) + \
+            sorted(config.extra_params)
+        if config.lr_scheduler is not None:
+            refused.append("lr_scheduler")
+        if refused:
+            raise ValueError("local_optimizer='predict' takes its rates from the global "
+                             "optimizer; remove %s from local_optimizer_params (only "
+                             "clip_gradient is allowed)" % ", ".join(refused))
+        from_environment = sorted(config.variable_of(name) for name in rates
+                                  if where(name) == "environment")
+        if from_environment:
+            one = len(from_environment) == 1
+            raise ValueError("local_optimizer='predict' takes its rates from the global "
+                             "optimizer, but %s %s set; unset %s or use "
+                             "ODSGD_LOCAL_OPTIMIZER=sgd"
+                             % (", ".join(from_environment), "is" if one else "are",
+                                "it" if one else "them"))
+
+    @classmethod
+    def create(cls, config, global_optimizer, num_workers):
+        """PredictNAGRule for the global optimizer NAG, PredictSGDRule for SGD; another
+        global optimizer is refused (SPEC section 2)."""
+        if type(global_optimizer) not in (mx.optimizer.SGD, mx.optimizer.NAG):
+            raise ValueError("local_optimizer='predict' predicts an SGD step and needs the "
+                             "global optimizer 'sgd', got %r ('nag', SGD with Nesterov "
+                             "momentum, works too); use local_optimizer='sgd' with another "
+                             "global optimizer" % type(global_optimizer).__name__)
+        step = PredictNAGRule if isinstance(global_optimizer, mx.optimizer.NAG) else \
+            PredictSGDRule
+        return step(config, global_optimizer, num_workers)
+
+    def base_rates(self, step):
+        opt = self.global_optimizer
+        return (global_learning_rate(opt, step), opt.wd,
+                getattr(opt, "momentum", 0.0) or 0.0)
+
+
+class PredictSGDRule(PredictRule):
+    """'predict' (global optimizer SGD): w = W + mu (W - W_prev) - lr (N gc + wd W)."""
+    kind = "predict"
+
+    def fused_states(self, group):
+        return dict(prev_global_flat=group.previous, mom_flat=None, est_flat=None)
+
+    def fallback(self, i, weight, grad, W, W_prev, mom, var, params):
+        ndarray_predict_update_(weight, grad, W, W_prev, var, lr=params.lrs[i],
+                                wd=params.wds[i], num_workers=params.num_workers,
+                                **params.shared())
+
+
+class PredictNAGRule(PredictRule):
+    """'predict' (global optimizer NAG): group.mom holds the estimate of the servers' NAG
+    state, advanced from W_{t-1}, W_t and the rates of the round between them
+    (docs/predict.md)."""
+    kind = "nag_predict"
+    buffers = ("mom",)
+
+    def __init__(self, config, global_optimizer, num_workers):
+        super(PredictNAGRule, self).__init__(config, global_optimizer, num_workers)
+        self._last_rates = {}    # server key -> (step, lrs, wds) of its last local step
+
+    def params(self, group, step, multipliers):
+        params = super(PredictNAGRule, self).params(group, step, multipliers)
+        params.prev_decays = self.previous_decays(group, step, multipliers)
+        self._last_rates[group.server_key] = (step, params.lrs, params.wds)
+        return params
 
     def previous_decays(self, group, step, multipliers):
-        """'predict' with NAG: per parameter, lr x wd (multipliers included) of the servers'
-        round that produced W_step from W_{step-1}. These are the rates this worker used at its
-        own step - 1 of the group when that was a local step (they are the rates it pushed that
-        round with: Trainer.set_learning_rate and multiplier changes reach the servers before
-        the push), else the global schedule's rates of step - 1 with the parameters' current
-        multipliers (the first OD step after a warm-up or a resume; at step 0, W_{-1} = W_0)."""
+        """Per parameter, lr x wd (multipliers included) of the servers' round that produced
+        W_step from W_{step-1}. These are the rates this worker used at its own step - 1 of
+        the group when that was a local step (they are the rates it pushed that round with:
+        Trainer.set_learning_rate and multiplier changes reach the servers before the push),
+        else the global schedule's rates of step - 1 with the parameters' current multipliers
+        (the first OD step after a warm-up or a resume; at step 0, W_{-1} = W_0)."""
         last = self._last_rates.get(group.server_key)
         if last is not None and last[0] == step - 1 and len(last[1]) == len(multipliers):
             lrs, wds = last[1], last[2]
@@ -181,30 +399,127 @@ class LocalUpdater(object):
             lrs, wds, _ = self.rates(max(step - 1, 0), multipliers)
         return [lr * wd for lr, wd in zip(lrs, wds)]
 
-    def _common(self):
-        cfg = self.config
-        return dict(rescale_grad=self.global_optimizer.rescale_grad,
-                    clip_gradient=cfg.clip_gradient if cfg.clip_gradient else -1.0,
-                    # v only matters where the compensation term does (lam != 0)
-                    lam=cfg.compensation,
-                    adaptive=bool(cfg.compensation) and cfg.compensation_mode == "adaptive",
-                    beta=cfg.adaptive_beta, eps=cfg.adaptive_eps)
+    def fused_states(self, group):
+        return dict(prev_global_flat=group.previous, mom_flat=None, est_flat=group.mom)
 
-    # -- states ----------------------------------------------------------------------------
+    def fallback(self, i, weight, grad, W, W_prev, mom, var, params):
+        ndarray_nag_predict_update_(weight, grad, W, W_prev, mom, var, lr=params.lrs[i],
+                                    wd=params.wds[i], prev_decay=params.prev_decays[i],
+                                    num_workers=params.num_workers, **params.shared())
+
+
+class MXOptimizerRule(_OwnRatesRule):
+    """Any other mx.optimizer: applied to a copy of W_t with the worker's gradient, its rate
+    and weight decay set each step from the local rate (the global schedule and
+    Trainer.set_learning_rate included) and each parameter's multipliers; its states are kept
+    per key by an mx.optimizer Updater."""
+
+    def __init__(self, config, global_optimizer, num_workers):
+        super(MXOptimizerRule, self).__init__(config, global_optimizer, num_workers)
+        # A copy of the one built from the settings: each set_optimizer starts it afresh
+        # (states and update counts), as a new global optimizer does on the servers.
+        self.optimizer = copy.deepcopy(config.built_local_optimizer)
+        self.updater = mx.optimizer.get_updater(self.optimizer)
+
+    @classmethod
+    def check_settings(cls, config):
+        """Refuses compensation and builds the optimizer from local_optimizer_params: its own
+        arguments, learning_rate, wd, clip_gradient, and momentum only when one was given. Its
+        rate is set each step, so it gets no schedule of its own. Arguments it does not take
+        are a ValueError here, when the store is made, not at the first local step."""
+        if config.compensation:
+            raise ValueError("compensation=%r needs local_optimizer 'sgd' or 'predict'; with "
+                             "local optimizer %r set compensation=0"
+                             % (config.compensation, config.local_optimizer))
+        kwargs = dict(config.extra_params)
+        kwargs.update(learning_rate=config.local_lr or 0.01, rescale_grad=1.0,
+                      wd=config.local_wd or 0.0, clip_gradient=config.clip_gradient)
+        if config.local_momentum is not None:
+            kwargs["momentum"] = config.local_momentum
+        try:
+            return mx.optimizer.create(config.local_optimizer, **kwargs)
+        except (TypeError, ValueError) as error:
+            raise ValueError("local optimizer %r does not take these arguments (%s): %s; give "
+                             "local_optimizer_params that mx.optimizer.create(%r, ...) accepts"
+                             % (config.local_optimizer, ", ".join(sorted(kwargs)), error,
+                                config.local_optimizer)) from None
+
+    def default_momentum(self):
+        """The momentum the optimizer was actually given (its own default when none was
+        given, 0 when it has none)."""
+        return getattr(self.optimizer, "momentum", 0.0) or 0.0
+
+    def update_group(self, group, step, weights, grads, multipliers, send):
+        if send is not None:
+            _copy_into(group, send, grads)
+        optimizer = self.optimizer
+        optimizer.rescale_grad = self.global_optimizer.rescale_grad
+        lr = self.local_learning_rate(step)
+        wd = self.config.local_wd or 0.0
+        for key, W, weight, grad, (lr_mult, wd_mult) in zip(
+                group.keys, group.views(group.current), weights, grads, multipliers):
+            optimizer.lr, optimizer.wd = lr * lr_mult, wd * wd_mult
+            W.copyto(weight)
+            self.updater(key, grad, weight)
+
+    def get_extra_states(self):
+        return self.updater.get_states(dump_optimizer=False)
+
+    def set_extra_states(self, saved):
+        self.updater.set_states(saved)
+
+
+def local_rule_kind(name, source="argument"):
+    """The kind of local rule that `local_optimizer=name` selects: LocalSGDRule ('sgd'),
+    PredictRule ('predict'; its `create` picks the SGD or NAG variant) or MXOptimizerRule (an
+    mx.optimizer name). ValueError for another name; `source` says where it was given."""
+    if name == "sgd":
+        return LocalSGDRule
+    if name == "predict":
+        return PredictRule
+    if name not in mx.optimizer.Optimizer.opt_registry:
+        raise ValueError("unknown local optimizer %r (%s); use 'predict', 'sgd' or an "
+                         "mx.optimizer name such as 'adam'" % (name, source))
+    return MXOptimizerRule
+
+
+# -- one worker's local update ---------------------------------------------------------------
+class LocalUpdater(object):
+    """Local states of one worker and the OD-phase update.
+
+    Parameters
+    ----------
+    config : odsgd.config.ODSGDConfig
+    global_optimizer : mx.optimizer.Optimizer
+        The optimizer the servers run (its rescale_grad, lr schedule, momentum and wd are read
+        each step, so Trainer's changes are seen).
+    num_workers : int
+    """
+
+    def __init__(self, config, global_optimizer, num_workers):
+        self.config = config
+        self.global_optimizer = global_optimizer
+        self.num_workers = num_workers
+        #: the local update rule, chosen here once (a LocalRule)
+        self.rule = config.local_rule_kind.create(config, global_optimizer, num_workers)
+        self._groups = {}        # key -> its KeyGroup for update() (one array, unit tests)
+
+    @property
+    def nag_predict(self):
+        """True for 'predict' with the global optimizer NAG."""
+        return isinstance(self.rule, PredictNAGRule)
+
+    def local_learning_rate(self, step):
+        """The local rate lr_l of global step `step` ('sgd' and mx.optimizer local steps)."""
+        return self.rule.local_learning_rate(step)
+
     def prepare(self, group):
-        """Allocates the local states `group` needs: mom for 'sgd' (and, for 'predict' with
-        the global optimizer NAG, the estimate of the servers' NAG state), var for the adaptive
-        compensation (flat, in the group's layout, zero at first)."""
-        cfg = self.config
+        """Allocates the flat states the step keeps in `group` (zero at first)."""
+        for name in self.rule.buffers:
+            if getattr(group, name) is None:
+                setattr(group, name, mx.nd.zeros((group.total,), group.context,
+                                                 dtype=group.dtype))
 
-        def zeros():
-            return mx.nd.zeros((group.total,), group.context, dtype=group.dtype)
-        if group.mom is None and (cfg.local_optimizer == "sgd" or self.nag_predict):
-            group.mom = zeros()
-        if group.var is None and cfg.compensation and cfg.compensation_mode == "adaptive":
-            group.var = zeros()
-
-    # -- the update ------------------------------------------------------------------------
     def update_group(self, group, step, weights, grads, multipliers, send=None):
         """Writes w_{step+1} into `weights` (which hold w_step on entry), from the group's
         W_step (`group.current`) and W_{step-1} (`group.previous`). For 'predict' with the
@@ -215,74 +530,8 @@ class LocalUpdater(object):
         group's context; grads are raw (summed over this worker's devices). multipliers: per
         parameter (lr_mult, wd_mult). send: when given, the group's flat send buffer, which
         also receives the raw gradients (the copy the push needs), in the same operator."""
-        cfg = self.config
         self.prepare(group)
-        if self._optimizer is not None:
-            if send is not None:
-                for view, grad in zip(group.views(send), grads):
-                    grad.copyto(view)
-            self._optimizer_update(group, step, weights, grads, multipliers)
-            return
-        lrs, wds, momentum = self.rates(step, multipliers)
-        kind = "nag_predict" if self.nag_predict else cfg.local_optimizer
-        prev_decays = None
-        if self.nag_predict:
-            prev_decays = self.previous_decays(group, step, multipliers)
-            self._last_rates[group.server_key] = (step, lrs, wds)
-        common = self._common()
-        arrays = list(weights) + list(grads) + [group.current, group.previous]
-        arrays += [a for a in (group.mom, group.var, send) if a is not None]
-        if fused_ops_take(group, arrays):
-            native.multi_update_(kind, weights, grads, group.current,
-                                 prev_global_flat=group.previous if kind != "sgd" else None,
-                                 mom_flat=group.mom if kind == "sgd" else None,
-                                 est_flat=group.mom if kind == "nag_predict" else None,
-                                 var_flat=group.var, send_flat=send,
-                                 lrs=lrs, wds=wds, prev_decays=prev_decays, momentum=momentum,
-                                 num_workers=self.num_workers, **common)
-            return
-        self._log_fallback(weights[0])
-        if send is not None:
-            for view, grad in zip(group.views(send), grads):
-                grad.copyto(view)
-        W, W_prev = group.views(group.current), group.views(group.previous)
-        moms = group.views(group.mom) if group.mom is not None else [None] * len(weights)
-        variances = group.views(group.var) if group.var is not None else [None] * len(weights)
-        for i, (weight, grad) in enumerate(zip(weights, grads)):
-            if kind == "nag_predict":
-                ndarray_nag_predict_update_(weight, grad, W[i], W_prev[i], moms[i],
-                                            variances[i], lr=lrs[i], momentum=momentum,
-                                            wd=wds[i], prev_decay=prev_decays[i],
-                                            num_workers=self.num_workers, **common)
-            elif kind == "predict":
-                ndarray_predict_update_(weight, grad, W[i], W_prev[i], variances[i],
-                                        lr=lrs[i], momentum=momentum, wd=wds[i],
-                                        num_workers=self.num_workers, **common)
-            else:
-                ndarray_local_update_(weight, grad, W[i], moms[i], variances[i], lr=lrs[i],
-                                      momentum=momentum, wd=wds[i], **common)
-
-    def _log_fallback(self, weight):
-        if not self._fallback_logged:
-            self._fallback_logged = True
-            LOG.info("odsgd: the local update uses NDArray operations (%s weights on %s%s)",
-                     weight.dtype.__name__ if hasattr(weight.dtype, "__name__")
-                     else weight.dtype, weight.context,
-                     "" if native.is_loaded() else "; the native library is not loaded")
-
-    def _optimizer_update(self, group, step, weights, grads, multipliers):
-        """Any other mx.optimizer: applied to a copy of W_t with the worker's gradient, its rate
-        and weight decay set each step from the local rate (the global schedule and
-        Trainer.set_learning_rate included) and each parameter's multipliers."""
-        optimizer = self._optimizer
-        optimizer.rescale_grad = self.global_optimizer.rescale_grad
-        lr = self.local_learning_rate(step)
-        wd = self.config.local_wd or 0.0
-        for key, W, weight, grad, (lr_mult, wd_mult) in zip(
-                group.keys, group.views(group.current), weights, grads, multipliers):
-            optimizer.lr, optimizer.wd = lr * lr_mult, wd * wd_mult
-            W.copyto(weight)
-            self._updater(key, grad, weight)
+        self.rule.update_group(group, step, weights, grads, multipliers, send)
 
     def update(self, key, step, weight, grad, global_weight, prev_global_weight,
                multipliers=(1.0, 1.0)):
@@ -307,8 +556,7 @@ class LocalUpdater(object):
             for i, key in enumerate(group.keys):
                 states[key] = (moms[i].asnumpy() if moms else None,
                                variances[i].asnumpy() if variances else None)
-        opt_states = self._updater.get_states(dump_optimizer=False) if self._updater else None
-        return {"states": states, "optimizer_states": opt_states}
+        return {"states": states, "optimizer_states": self.rule.get_extra_states()}
 
     def set_states(self, saved, groups):
         """Loads get_states' output into the groups that hold the keys now."""
@@ -320,5 +568,5 @@ class LocalUpdater(object):
                     group.views(group.mom)[i][:] = mom
                 if var is not None and group.var is not None:
                     group.views(group.var)[i][:] = var
-        if saved.get("optimizer_states") is not None and self._updater is not None:
-            self._updater.set_states(saved["optimizer_states"])
+        if saved.get("optimizer_states") is not None:
+            self.rule.set_extra_states(saved["optimizer_states"])

@@ -1,22 +1,9 @@
 """`OverlapMeter`: how well dist_odsgd's communication hides behind computation, measured by
-the store itself every ODSGD_METRICS_INTERVAL steps."""
+the store itself every ODSGD_METRICS_INTERVAL steps (config.metrics_interval)."""
 import logging
-import os
 import time
 
 LOG = logging.getLogger("odsgd")
-
-
-def metrics_interval():
-    text = os.environ.get("ODSGD_METRICS_INTERVAL", "0").strip() or "0"
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError("ODSGD_METRICS_INTERVAL=%r must be an integer >= 0 (steps between "
-                         "overlap measurements; 0 turns them off)" % text)
-    return value
 
 
 class OverlapMeter(object):

@@ -6,11 +6,10 @@ them, so that the local step (SPEC.md section 2) uses the rates the global updat
   Gluon's `Parameter.lr_mult` / `wd_mult` (through `param_dict`), then multipliers set by
   index, then by name (`idx2name`; Module gives names not ending in `_weight` / `_gamma` a
   wd_mult of 0, and symbol attributes such as `mx.AttrScope(lr_mult=...)` land here).
-* `server_multipliers(optimizer, indices)`: what must travel to the servers explicitly.
   MXNet pickles the optimizer without `param_dict` (`Optimizer.__getstate__`), so with plain
   `dist_sync` Gluon's `Parameter.lr_mult` / `wd_mult` never reach the servers and are
-  silently ignored there. dist_odsgd sends them as index multipliers, so the servers apply
-  what the user set.
+  silently ignored there; dist_odsgd sends them as index multipliers (kvstore.py,
+  `_sync_multipliers`), so the servers apply what the user set.
 * `global_learning_rate(optimizer, step)`: the rate of global update `step`, counted as the
   servers count it (`begin_num_update` included).
 """
@@ -27,13 +26,6 @@ def multipliers(optimizer, index):
     wd_mult = optimizer.wd_mult.get(index, optimizer.wd_mult.get(name, 1.0)
                                     if name is not None else 1.0)
     return float(lr_mult), float(wd_mult)
-
-
-def server_multipliers(optimizer, indices):
-    """{index: (lr_mult, wd_mult)} of the indices whose multipliers come from Gluon
-    Parameters, which the pickled optimizer would lose on its way to the servers."""
-    return {index: multipliers(optimizer, index) for index in indices
-            if index in optimizer.param_dict}
 
 
 def schedule_count(optimizer, step):

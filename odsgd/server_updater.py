@@ -9,20 +9,23 @@ acts on this server process (changes the rate, writes or reads the states, ...) 
 running `ServerOptimizer` back, which the server installs again.
 
 The workers' keys carry one parameter or several packed end to end (odsgd/key_groups.py; each
-key's layout registered by `group_layouts_command`): a round applies the optimizer to each
+key's packing registered by `group_packings_command`): a round applies the optimizer to each
 parameter's part on its own, with that parameter's index for the optimizer, so that lr_mult,
 wd_mult, the schedule count and the optimizer state are each parameter's, exactly as
 dist_sync's servers apply them when every parameter has its own key.
 
-Besides the parameters, `ServerOptimizer` knows two kinds of rounds that are not SGD steps:
+Workers send every command through `send_command` (MXNet's optimizer command, the one channel
+from a worker to the servers). Besides the parameters, `ServerOptimizer` knows two kinds of
+rounds that are not SGD steps:
 
 * rounds of a *control key* (registered by `control_key_command`): the server stores the sum of
   the workers' pushes as it is, which makes the key a small all-reduce (used by
   `DistODSGD.equal_steps` and the step check at exit);
 * *probe* rounds (announced by `probe_command`, naming the keys probed): the next completed
   round of each of those keys after the announcement is not applied (a key created later, or
-  one not pushed for a while, keeps its next real round). Workers push zeros in it to learn, without changing
-  the model, whether another worker is still pushing real steps (kvstore.py, `_control_round`).
+  one not pushed for a while, keeps its next real round). Workers push zeros in it to learn,
+  without changing the model, whether another worker is still pushing real steps
+  (agreement.py, `_control_round`).
 
 A command that fails on a server (e.g. a checkpoint file it cannot read) ends that server with
 exit code 1 and a message, so that `odsgd.launch` ends the job and shows it, instead of a
@@ -144,20 +147,20 @@ class ServerOptimizer(Optimizer):
             if index[i] in _GROUPS:
                 self._update_group(apply, _GROUPS[index[i]], weight[i], grad[i])
 
-    def _update_group(self, apply, layout, weight, grad):
+    def _update_group(self, apply, packing, weight, grad):
         """The optimizer on each parameter of a fused key: its part of the flat weight and
         gradient (views, so the update writes the key's weight), its own index and state. The
         parameters go in batches of the optimizer's aggregate_num, as MXNet's Updater batches
         keys; the optimizer's batched and single kernels compute the same per element."""
-        if len(layout) == 1:
+        if len(packing) == 1:
             # One parameter: the whole array, or the part of it this server holds when MXNet
             # slices a big array over the servers (as dist_sync's servers update their part).
-            index = layout[0][0]
+            index = packing[0][0]
             apply(index, weight, grad, self._state(index, weight))
             return
-        indices = [index for index, _, _ in layout]
-        weights = [weight[o:o + n] for _, o, n in layout]
-        grads = [grad[o:o + n] for _, o, n in layout]
+        indices = [index for index, _, _ in packing]
+        weights = [weight[o:o + n] for _, o, n in packing]
+        grads = [grad[o:o + n] for _, o, n in packing]
         states = [self._state(i, w) for i, w in zip(indices, weights)]
         batch = max(1, self.aggregate_num or 1)
         for start in range(0, len(indices), batch):
@@ -264,6 +267,20 @@ def _server_rank():
 
 
 # -- commands ------------------------------------------------------------------------------
+#: MXNet's own kController command id: a server unpickles the body of such a command and
+#: installs the result as its optimizer (MXNet 1.9.1, python/mxnet/kvstore/kvstore_server.py,
+#: `KVStoreServer._controller`, `cmd_id == 0`; the worker side is `KVStore.set_optimizer`).
+OPTIMIZER_COMMAND = 0
+
+
+def send_command(raw, body):
+    """Sends `body` (one of the *_command bodies below) to every server of `raw`, MXNet's
+    dist store: the store's one channel to the servers besides pushes and pulls. It uses
+    MXNet's private `KVStore._send_command_to_servers` (python/mxnet/kvstore/kvstore.py),
+    the call MXNet's own set_optimizer makes."""
+    raw._send_command_to_servers(OPTIMIZER_COMMAND, body)
+
+
 class _Command(object):
     """Pickles to `function(*args)`, which runs on each server when it unpickles the command
     and returns the optimizer the server installs."""
@@ -296,17 +313,17 @@ def learning_rate_command(lr):
     return _command(_apply_learning_rate, float(lr))
 
 
-def _register_groups(layouts):
-    for key, layout in layouts.items():
-        _GROUPS[key] = [tuple(int(x) for x in entry) for entry in layout]
+def _register_packings(packings):
+    for key, packing in packings.items():
+        _GROUPS[key] = [tuple(int(x) for x in entry) for entry in packing]
     return _installed()
 
 
-def group_layouts_command(layouts):
+def group_packings_command(packings):
     """The body of the command that tells the servers which parameters their keys carry:
     {server key: [(optimizer index, offset, size), ...]} (odsgd/key_groups.py)."""
-    return _command(_register_groups, {int(key): [tuple(int(x) for x in e) for e in layout]
-                                       for key, layout in layouts.items()})
+    return _command(_register_packings, {int(key): [tuple(int(x) for x in e) for e in packing]
+                                         for key, packing in packings.items()})
 
 
 def _apply_multipliers(multipliers):
@@ -354,20 +371,38 @@ def server_states_path(pattern, rank):
     return pattern % rank
 
 
-def _save_states(pattern):
-    what = "saving the optimizer states to %r" % (pattern,)
+def _on_states_file(pattern, doing, act):
+    """Runs `act(path, rank)` on this server's states file of `pattern` and hands the running
+    optimizer back; any failure ends this server with a message naming `doing` and the file."""
+    what = "%s %r" % (doing, pattern)
     try:
         if _RUNNING is None:
             raise RuntimeError("no optimizer on this server: call kv.set_optimizer first")
         rank = _server_rank()
         path = server_states_path(pattern, rank)
-        what = "server rank %d, saving the optimizer states to %s" % (rank, path)
-        saved = _RUNNING.get_states()
-        saved["server_rank"] = rank
-        write_atomically(path, saved)
+        what = "server rank %d, %s %s" % (rank, doing, path)
+        act(path, rank)
     except Exception:  # noqa: BLE001 - reported, then the server ends
         _fail(what)
     return _RUNNING
+
+
+def _write_states(path, rank):
+    saved = _RUNNING.get_states()
+    saved["server_rank"] = rank
+    write_atomically(path, saved)
+
+
+def _read_states(path, rank):
+    with open(path, "rb") as f:
+        saved = pickle.load(f)
+    if saved.get("server_rank", rank) != rank:
+        raise ValueError("the file holds server rank %d's states" % saved["server_rank"])
+    _RUNNING.set_states(saved)
+
+
+def _save_states(pattern):
+    return _on_states_file(pattern, "saving the optimizer states to", _write_states)
 
 
 def save_states_command(pattern):
@@ -377,21 +412,7 @@ def save_states_command(pattern):
 
 
 def _load_states(pattern):
-    what = "loading the optimizer states from %r" % (pattern,)
-    try:
-        if _RUNNING is None:
-            raise RuntimeError("no optimizer on this server: call kv.set_optimizer first")
-        rank = _server_rank()
-        path = server_states_path(pattern, rank)
-        what = "server rank %d, loading the optimizer states from %s" % (rank, path)
-        with open(path, "rb") as f:
-            saved = pickle.load(f)
-        if saved.get("server_rank", rank) != rank:
-            raise ValueError("the file holds server rank %d's states" % saved["server_rank"])
-        _RUNNING.set_states(saved)
-    except Exception:  # noqa: BLE001 - reported, then the server ends
-        _fail(what)
-    return _RUNNING
+    return _on_states_file(pattern, "loading the optimizer states from", _read_states)
 
 
 def load_states_command(pattern):

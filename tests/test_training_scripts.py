@@ -97,7 +97,7 @@ def test_equal_steps_rule_matches_mxnet_indexed_split(tmp_path):
 def test_equal_steps_wraps_a_short_shard():
     """ResizeIter stops at the agreed count and starts a shard over instead of ending early."""
     it = data.ArrayIter(np.zeros((5, 1, 2, 2)), np.arange(5), 2, lambda b, r: b, seed=0)
-    counted = data.equal_steps(it, 4)
+    counted = data.resized_to(it, 4)
     assert sum(1 for _ in counted) == 4
     counted.reset()
     assert sum(1 for _ in counted) == 4

@@ -13,12 +13,13 @@ import argparse
 import logging
 import time
 
-import odsgd  # registers dist_odsgd; on servers it loads only the server side
+import odsgd  # noqa: F401 - registers dist_odsgd; on servers only the server side
 import mxnet as mx  # on a server or scheduler the job's server loop runs in here
 import numpy as np
 
 from odsgd.bench.study_job import run_and_write
 from odsgd.training import data as training_data
+from odsgd.training import store
 from odsgd.training.imperative import EvaluationNet
 from odsgd.training.session import finish_queued_work_at_exit
 
@@ -91,14 +92,10 @@ def accuracy(predict, X, y):
     return float((pred == y).mean())
 
 
-def evaluate_global(net, trainer, kv, args, X, y, evaluation):
+def evaluate_global(net, trainer, kv, X, y, evaluation):
     """Test accuracy of the global weights (the servers'), which is what a user saves,
     evaluated on a copy of the network (`evaluation`, see odsgd.training.imperative)."""
-    if args.kvstore == "dist_odsgd":
-        odsgd.load_global_weights(trainer)
-    elif args.kvstore.startswith("dist"):
-        for i, param in enumerate(trainer._params):
-            kv.pull(i, out=param.list_data())
+    store.load_global_weights(trainer, kv)
     evaluation.refresh(net)
     return accuracy(evaluation.net, X, y)
 
@@ -134,7 +131,7 @@ def train(args):
             steps += 1
         total_loss = float(total_loss.asscalar()) / max(1, len(X) // args.batch_size)
         train_time += time.time() - tic
-        acc = evaluate_global(net, trainer, kv, args, X_test, y_test, evaluation)
+        acc = evaluate_global(net, trainer, kv, X_test, y_test, evaluation)
         history.append({"epoch": epoch + 1, "test_accuracy": acc, "train_loss": total_loss,
                         "wall_time": time.time() - start})
         if rank == 0 and (epoch + 1) % args.log_interval == 0:

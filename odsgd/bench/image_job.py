@@ -13,7 +13,7 @@ import argparse
 import logging
 import time
 
-import odsgd  # registers dist_odsgd; on servers it loads only the server side
+import odsgd  # noqa: F401 - registers dist_odsgd; on servers only the server side
 import mxnet as mx  # on a server or scheduler the job's server loop runs in here
 import numpy as np
 
@@ -106,15 +106,6 @@ def accuracy(predict, X, y):
     return correct / float(len(X))
 
 
-def load_global(net, trainer, kv, kvstore):
-    """The global weights (the servers', what a user saves) into `net`'s parameters."""
-    if kvstore == "dist_odsgd":
-        odsgd.load_global_weights(trainer)
-    elif kvstore.startswith("dist"):
-        for i, param in enumerate(trainer._params):
-            kv.pull(i, out=param.list_data())
-
-
 def load_data(args, rank, workers):
     (X_train, y_train), (X_test, y_test) = image_datasets.load(args.dataset, args.data_dir)
     X_train, y_train = image_datasets.subset(X_train, y_train, args.train_subset)
@@ -165,7 +156,7 @@ def train(args):
         if distributed:
             kv._barrier()
         clock.stop()
-        load_global(net, trainer, kv, args.kvstore)
+        store.load_global_weights(trainer, kv)   # the servers' weights, what a user saves
         if rank == 0:
             evaluation.refresh(net)
             acc = accuracy(evaluation.net, X_test, y_test)

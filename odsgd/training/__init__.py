@@ -7,7 +7,7 @@ train_mnist.py): one module per concern, small functions a test can call.
     data        data sets, sharding by rank, the equal-steps rule, synthetic batches
     networks    GluonCV model zoo and the small MNIST networks
     logs        console and log-file logging (rank 0 only)
-    checkpoint  saving and resuming (rank 0 writes)
+    epoch_saves the files saved after epochs (PREFIX-EEEE.*) and resuming from them
     imperative  the gluon.Trainer loop
     symbolic    the Module.fit path
     session     puts the above together for one task (ImageNet, CIFAR-10, MNIST)

@@ -50,7 +50,7 @@ def steps_per_epoch(total, num_workers, batch_size):
     return steps
 
 
-def equal_steps(data_iter, steps):
+def resized_to(data_iter, steps):
     """`data_iter` cut (or wrapped around) to exactly `steps` batches an epoch."""
     return mx.io.ResizeIter(data_iter, steps, reset_internal=True)
 

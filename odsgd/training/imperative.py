@@ -8,7 +8,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
-from . import checkpoint, store
+from . import epoch_saves, store
 
 LOG = logging.getLogger("odsgd.training")
 
@@ -247,7 +247,7 @@ def fit(run):
         # Loading states sends the optimizer to the servers before the first step, which
         # would set its gradient scale: set it first (gluon refuses a change afterwards).
         trainer.optimizer.rescale_grad = 1.0 / step_scale
-        checkpoint.load_trainer_states(trainer, args.resume_states, run.rank)
+        epoch_saves.load_trainer_states(trainer, args.resume_states, run.rank)
     net = run.net
     net.hybridize(static_alloc=True, static_shape=True)
     evaluation = None
@@ -263,8 +263,8 @@ def fit(run):
                 evaluation.refresh(net)
                 validation = evaluate(evaluation.predict, run.val_iter,
                                       new_metrics(run.num_classes))
-        if checkpoint.due(epoch + 1, args.num_epochs, args.save_frequency):
-            checkpoint.save_imperative(net, trainer, run.prefix, epoch + 1, run.rank,
+        if epoch_saves.due(epoch + 1, args.num_epochs, args.save_frequency):
+            epoch_saves.save_imperative(net, trainer, run.prefix, epoch + 1, run.rank,
                                        states=store.can_save_states(kv))
         epoch_report(epoch, stats, validation)
         history.append(dict(stats, epoch=epoch + 1, lr=run.lr_at((epoch + 1) * run.steps),

@@ -16,7 +16,7 @@ import os
 
 import mxnet as mx
 
-from . import checkpoint, data, imperative, logs, networks, options, schedule, store, symbolic
+from . import data, epoch_saves, imperative, logs, networks, options, schedule, store, symbolic
 
 LOG = logging.getLogger("odsgd.training")
 
@@ -122,11 +122,11 @@ def train(task, args):
     run = Run(args=args, kv=kv, rank=rank, num_workers=num_workers, contexts=ctx_list,
               batch_per_worker=batch, steps=steps, schedule=global_schedule,
               iterations=lambda s: s * iters // steps,
-              train_iter=data.equal_steps(train_iter, steps), val_iter=val_iter,
+              train_iter=data.resized_to(train_iter, steps), val_iter=val_iter,
               net=build_net(task, args, ctx_list), make_net=lambda: task.make_net(args),
               initializer=task.initializer(args),
               num_classes=task.num_classes(args),
-              prefix=checkpoint.prefix(args.save_dir, task.name, args.model))
+              prefix=epoch_saves.prefix(args.save_dir, task.name, args.model))
     history = (imperative.fit if args.mode == "imperative" else symbolic.fit)(run)
     results = {"task": task.name, "model": args.model, "mode": args.mode,
                "kvstore": args.kvstore, "workers": num_workers, "rank": rank,

@@ -65,30 +65,23 @@ def can_save_states(kv):
     return kv is None or not kv.type.startswith("dist") or isinstance(kv, odsgd.DistODSGD)
 
 
-def load_global_weights(trainer, kv):
-    """Puts the servers' newest weights into the trainer's parameters (before evaluating or
-    saving). dist_odsgd: its own helper (the worker's weights are one local step ahead);
-    dist_sync/dist_async: a pull of every trained parameter; local stores: nothing to do."""
+def load_global_weights(trainer_or_module, kv):
+    """Puts the servers' newest weights into the parameters of a gluon.Trainer or a Module
+    (before evaluating or saving). dist_odsgd: odsgd.load_global_weights (the worker's weights
+    are one local step ahead); dist_sync/dist_async: a pull of every trained parameter; local
+    stores: nothing to do."""
     if kv is None or not kv.type.startswith("dist"):
         return
     if isinstance(kv, odsgd.DistODSGD):
-        odsgd.load_global_weights(trainer)
+        odsgd.load_global_weights(trainer_or_module)
         return
-    for index, param in enumerate(trainer._params):
-        if param.grad_req != "null":
-            kv.pull(index, out=param.list_data())
-    mx.nd.waitall()
-
-
-def load_global_weights_module(module, kv):
-    """As load_global_weights, for a Module."""
-    if kv is None or not kv.type.startswith("dist"):
-        return
-    if isinstance(kv, odsgd.DistODSGD):
-        odsgd.load_global_weights(module)
-        return
-    group = module._exec_group
-    for name, arrays in zip(group.param_names, group.param_arrays):
-        kv.pull(name, out=arrays)
-    module._params_dirty = True
+    if isinstance(trainer_or_module, mx.gluon.Trainer):
+        for index, param in enumerate(trainer_or_module._params):
+            if param.grad_req != "null":
+                kv.pull(index, out=param.list_data())
+    else:                                              # Module
+        group = trainer_or_module._exec_group
+        for name, arrays in zip(group.param_names, group.param_arrays):
+            kv.pull(name, out=arrays)
+        trainer_or_module._params_dirty = True
     mx.nd.waitall()

@@ -7,7 +7,7 @@ import time
 
 import mxnet as mx
 
-from . import checkpoint, imperative, store
+from . import epoch_saves, imperative, store
 
 LOG = logging.getLogger("odsgd.training")
 
@@ -48,13 +48,13 @@ def evaluate_module(trained, symbol, contexts, val_iter, num_classes):
 
 def save(run, mod, epochs_done):
     """Rank 0: MXNet's checkpoint (symbol and parameters); every worker: its states file where
-    the store can save states (see the checkpoint module)."""
+    the store can save states (see odsgd/training/epoch_saves.py)."""
     os.makedirs(os.path.dirname(os.path.abspath(run.prefix)), exist_ok=True)
     if run.rank == 0:
         mod.save_checkpoint(run.prefix, epochs_done, save_optimizer_states=False)
         LOG.info("saved %s-%04d.params", run.prefix, epochs_done)
     if store.can_save_states(run.kv):
-        path = checkpoint.states_path(run.prefix, epochs_done, run.rank)
+        path = epoch_saves.states_path(run.prefix, epochs_done, run.rank)
         mod.save_optimizer_states(path)
         LOG.info("saved %s", path)
 
@@ -65,13 +65,13 @@ def epoch_end(run, mod, history, start):
     def callback(epoch, symbol, _arg_params, _aux_params):
         validation = {}
         if run.rank == 0:
-            store.load_global_weights_module(mod, run.kv)
+            store.load_global_weights(mod, run.kv)
             if run.val_iter is not None:
                 validation = evaluate_module(mod, symbol, run.contexts, run.val_iter,
                                              run.num_classes)
                 LOG.info("[Epoch %d] validation (global weights): %s", epoch,
                          " ".join("%s=%f" % item for item in sorted(validation.items())))
-        if checkpoint.due(epoch + 1, run.args.num_epochs, run.args.save_frequency):
+        if epoch_saves.due(epoch + 1, run.args.num_epochs, run.args.save_frequency):
             save(run, mod, epoch + 1)
         history.append(dict(epoch=epoch + 1, lr=run.lr_at((epoch + 1) * run.steps),
                             wall_time=time.time() - start,
@@ -95,7 +95,7 @@ def fit(run):
         mod.bind(run.train_iter.provide_data, run.train_iter.provide_label)
         mod.init_params(run.initializer, arg_params=arg_params, aux_params=aux_params)
         mod.init_optimizer(kvstore=run.kv, optimizer=args.optimizer, optimizer_params=opt_params)
-        mod.load_optimizer_states(checkpoint.resume_states_path(args.resume_states, run.rank))
+        mod.load_optimizer_states(epoch_saves.resume_states_path(args.resume_states, run.rank))
     history, start = [], time.time()
     mod.fit(run.train_iter, kvstore=run.kv, optimizer=args.optimizer, optimizer_params=opt_params,
             initializer=run.initializer, arg_params=arg_params, aux_params=aux_params,

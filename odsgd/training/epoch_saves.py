@@ -1,4 +1,5 @@
-"""Checkpoints of the training scripts.
+"""What the training scripts save after epochs, and resume from (their checkpoints; the
+store's own exact resume is odsgd/checkpoint.py).
 
 Imperative mode: PREFIX-EEEE.params (`net.save_parameters`, the global weights), from rank 0.
 Symbolic mode: MXNet's PREFIX-symbol.json and PREFIX-EEEE.params (`Module.save_checkpoint`),

@@ -1,0 +1,271 @@
+"""Which key group carries each of the user's keys: `KeyPlanner`, the store's plan of its keys.
+
+A user's key (the Trainer's index, or Module's name) is initialised into a key group of its
+own (odsgd/key_groups.py). The first call that hands the store several keys at once (a step of
+gluon.Trainer or Module, through odsgd/trainer_hook.py) packs their small parameters into
+fused groups, identically on every worker (checked collectively); later calls with the same
+keys reuse the plan (`StepPlan`).
+
+Why fuse: MXNet's parameter server pays a fixed cost per key and step (a push and a pull
+message, an engine operation each, the server's round bookkeeping), about as much as moving
+hundreds of kilobytes on loopback. A ResNet has 60 to 160 parameter arrays, most of them small
+(BatchNorm gammas and betas, biases). Packing the small ones into a few keys, as Horovod's
+tensor fusion and BytePS's partitions do, makes a step's cost follow the bytes, not the count
+of arrays. The servers still apply the global optimizer to each parameter on its own, with the
+parameter's own index, so the global update is dist_sync's.
+
+A fused group is never larger than MXNet's big-array bound (MXNET_KVSTORE_BIGARRAY_BOUND),
+above which MXNet slices a key over the servers: each fused key lies whole on one server,
+and the servers share the fused keys as they share any keys. Arrays of at least
+`config.fusion_elements` elements (ODSGD_FUSION_ELEMENTS) stay alone in their group (and may be
+sliced, as in dist_sync).
+"""
+import logging
+import zlib
+
+import mxnet as mx
+
+from . import rates
+from .key_groups import GROUP_KEY_BASE, KEY_LIMIT, KeyGroup
+
+LOG = logging.getLogger("odsgd")
+
+
+def check_dense(arrays, what):
+    for array in arrays:
+        if getattr(array, "stype", "default") != "default":
+            raise TypeError("dist_odsgd supports dense %s only, got stype %r; use "
+                            "kvstore='dist_sync' for sparse parameters or gradients"
+                            % (what, array.stype))
+
+
+def plan_fusion(sizes, kinds, limit):
+    """Which arrays share a server key: a list of groups, each a list of positions into
+    `sizes`, in order. Arrays of `limit` elements or more stay alone; the others are packed in
+    order, each group holding arrays of one kind (dtype and context) and at most `limit`
+    elements. Every worker computes the same plan from the same model."""
+    groups, open_groups = [], {}
+    for position, (size, kind) in enumerate(zip(sizes, kinds)):
+        if limit <= 0 or size >= limit:
+            groups.append([position])
+            continue
+        group = open_groups.get(kind)
+        if group is None or group[1] + size > limit:
+            group = [[], 0]
+            open_groups[kind] = group
+            groups.append(group[0])
+        group[0].append(position)
+        group[1] += size
+    return groups
+
+
+def plan_signature(groups, sizes):
+    """A number that differs between two plans (for the check that every worker has the same):
+    24 bits of a CRC of the groups' positions and sizes (the servers keep every value as
+    float32, which holds integers of 24 bits exactly)."""
+    text = ";".join(",".join("%d:%d" % (p, sizes[p]) for p in group) for group in groups)
+    return float(zlib.crc32(text.encode("ascii")) & 0xFFFFFF)
+
+
+class StepPlan(object):
+    """How one pushpull call's keys map onto key groups: `groups`, [(group, positions in the
+    call)], and where each group's multipliers come from."""
+
+    def __init__(self, groups, optimizer):
+        self.groups = groups
+        # Gluon Parameters may change lr_mult / wd_mult at any time: read them each step.
+        # Module's multipliers are fixed by the symbol and the optimizer: read them once.
+        self.params = [[optimizer.param_dict.get(i) for i in group.indices]
+                       for group, _ in groups]
+        self.fixed = [[rates.multipliers(optimizer, i) for i in group.indices]
+                      for group, _ in groups]
+
+    def multipliers(self, position):
+        params = self.params[position]
+        fixed = self.fixed[position]
+        return [(p.lr_mult, p.wd_mult) if p is not None else m for p, m in zip(params, fixed)]
+
+
+class KeyPlanner(object):
+    """The user's keys, their key groups and the server keys of one store.
+
+    Parameters
+    ----------
+    raw : MXNet's dist_sync store underneath (fused groups are initialised on it)
+    agreement : odsgd.agreement.WorkerAgreement (the same fusion plan on every worker)
+    fusion_elements : int
+        Most elements of a fused group; 0 turns fusion off.
+    """
+
+    def __init__(self, raw, agreement, fusion_elements):
+        self.raw = raw
+        self.agreement = agreement
+        self.fusion_elements = fusion_elements
+        self.groups = {}           # user key -> the KeyGroup that holds it now
+        self._index = {}           # user key -> its index for the global optimizer
+        self._string_keys = 0      # MXNet numbers string keys 0, 1, ... as first initialised
+        self._plans = {}           # tuple of keys -> StepPlan
+        self._next_server_key = GROUP_KEY_BASE
+        self._unregistered = []    # groups whose packing the servers do not know yet
+
+    # -- keys ----------------------------------------------------------------------------------
+    def index_of_new(self, key):
+        """The optimizer index that the new `key` gets (ValueError for a key that is known,
+        of another type than the others, or neither a string nor an int >= 0)."""
+        if key in self.groups:
+            raise ValueError(
+                "key %r is already initialised in this dist_odsgd store: a store serves one "
+                "gluon.Trainer or Module (two Trainers on one store would share keys 0, 1, ...); "
+                "give each Trainer its parameters once, or one Trainer all of them" % (key,))
+        if isinstance(key, str):
+            index = self._string_keys   # as MXNet numbers string keys; Module's idx2name too
+        elif isinstance(key, int) and not isinstance(key, bool) and key >= 0:
+            index = key                 # gluon.Trainer's parameter index
+        else:
+            raise ValueError("dist_odsgd keys are strings or ints >= 0, got %r" % (key,))
+        if self._index and isinstance(next(iter(self._index)), str) != isinstance(key, str):
+            raise ValueError("key %r: a dist_odsgd store takes int keys (gluon.Trainer) or "
+                             "string keys (Module), not both, as MXNet's stores" % (key,))
+        return index
+
+    def add_key(self, key, index, value, global_step):
+        """A key group of its own for the new `key` (index from index_of_new), with a new
+        server key, joining at `global_step`."""
+        group = KeyGroup(self._allocate_server_key(), [key], [index], [value],
+                         first_step=global_step)
+        if isinstance(key, str):
+            self._string_keys += 1
+        self._index[key] = index
+        self.groups[key] = group
+        self._unregistered.append(group)
+        return group
+
+    def _allocate_server_key(self):
+        key = self._next_server_key
+        if key >= KEY_LIMIT:
+            raise ValueError("dist_odsgd ran out of server keys (%d parameters and re-packings);"
+                             " MXNet's servers take keys below %d" % (key - GROUP_KEY_BASE,
+                                                                     KEY_LIMIT))
+        self._next_server_key += 1
+        return key
+
+    def group_of(self, key):
+        group = self.groups.get(key)
+        if group is None:
+            raise ValueError("key %r was never initialised: call kv.init or kv.broadcast "
+                             "first" % (key,))
+        return group
+
+    def holding_groups(self):
+        """The groups that hold keys now (each once)."""
+        return list({id(g): g for g in self.groups.values()}.values())
+
+    def active_groups(self):
+        """Key groups that are pushed each step (for the step check's probe)."""
+        return [g for g in self.holding_groups() if g.step > 0 and not g.retired]
+
+    def new_packings(self):
+        """{server key: packing} of the groups the servers do not know yet (then known)."""
+        packings = {g.server_key: g.packing() for g in self._unregistered}
+        self._unregistered = []
+        return packings
+
+    def forget_plans(self):
+        """Plans read the optimizer's multipliers: made again after set_optimizer."""
+        self._plans.clear()
+
+    # -- plans ---------------------------------------------------------------------------------
+    def plan(self, keys, values, outs, local, global_step):
+        """The key groups of a call with these keys (cached). The first call with several keys
+        packs their small parameters into fused keys (collective: every worker makes the same
+        calls at the same step). `local`: the store's LocalUpdater, None before set_optimizer
+        (nothing is fused then)."""
+        plan = self._plans.get(tuple(keys))
+        if plan is not None:
+            return plan
+        if len(values) != len(keys) or (outs is not None and len(outs) != len(keys)):
+            raise ValueError("pushpull got %d keys but %d gradients and %s outputs"
+                             % (len(keys), len(values), len(outs) if outs is not None else 0))
+        groups = [self.group_of(k) for k in keys]
+        for grads in values:
+            check_dense(grads, "gradients")
+        for weights in outs or []:
+            check_dense(weights, "weights")
+        position = {k: i for i, k in enumerate(keys)}
+        covered = [g for g in {id(g): g for g in groups}.values()
+                   if not g.retired and all(k in position for k in g.keys)]
+        loose = [k for k, g in zip(keys, groups) if not any(g is c for c in covered)]
+        if len(keys) > 1 and self.fusion_elements > 0 and local is not None:
+            fusible = [k for k in keys if not (self.groups[k] in covered
+                                               and self.groups[k].fused)]
+            self._fuse(fusible, local, global_step)
+        elif loose:
+            fused = [k for k in loose if self.groups[k].fused]
+            if fused:
+                raise ValueError(
+                    "key %r is pushed together with other keys in one fused server key of "
+                    "dist_odsgd (gluon.Trainer and Module make one call for all keys); push "
+                    "those keys together, as %r, or set ODSGD_FUSION_ELEMENTS=0 to give every "
+                    "key its own" % (fused[0], self.groups[fused[0]].keys))
+        entries, seen = [], set()
+        for k in keys:
+            group = self.groups[k]
+            if id(group) not in seen:
+                seen.add(id(group))
+                entries.append((group, [position[m] for m in group.keys]))
+        optimizer = local.global_optimizer if local is not None else mx.optimizer.SGD()
+        plan = StepPlan(entries, optimizer)
+        self._plans[tuple(keys)] = plan
+        return plan
+
+    def _fuse(self, keys, local, global_step):
+        """Packs `keys` into key groups (plan_fusion): collective. A key already alone in its
+        own individual group stays there; the others get fused server keys, initialised with
+        the global weights W_t the store holds (equal on every worker), and keep their local
+        states. The servers keep each parameter's optimizer state by its index, so it carries
+        over."""
+        old = [self.groups[k] for k in keys]
+        templates = [g.views(g.current)[g.position(k)] for k, g in zip(keys, old)]
+        sizes = [int(t.size) for t in templates]
+        kinds = [(str(t.dtype), str(t.context)) for t in templates]
+        members_of = plan_fusion(sizes, kinds, self.fusion_elements)
+        self.agreement.check_same(
+            [plan_signature(members_of, sizes)], lambda v: "%d" % v[0],
+            lambda mine, theirs: "the workers pack their parameters differently (plan %s here, "
+            "%s on rank 0): every worker must build the same model and set the same "
+            "ODSGD_FUSION_ELEMENTS and MXNET_KVSTORE_BIGARRAY_BOUND" % (mine, theirs))
+        made = False
+        for members in members_of:
+            if len(members) == 1 and not old[members[0]].fused:
+                continue
+            self._make_fused_group([keys[p] for p in members], [old[p] for p in members],
+                                   [templates[p] for p in members], local, global_step)
+            made = True
+        if made:
+            self._plans.clear()
+            LOG.info("odsgd: %d parameters on %d server keys",
+                     len(keys), len({id(self.groups[k]) for k in keys}))
+
+    def _make_fused_group(self, member_keys, sources, templates, local, global_step):
+        """One new group of `member_keys`, which carries over their W_t, W_{t-1} and local
+        states from `sources` (their groups so far, retired now)."""
+        group = KeyGroup(self._allocate_server_key(), member_keys,
+                         [self._index[k] for k in member_keys], templates,
+                         first_step=global_step)
+        local.prepare(group)
+        for buffer in ("current", "previous", "mom", "var"):
+            if getattr(group, buffer) is None:
+                continue
+            targets = group.views(getattr(group, buffer))
+            for target, source, key in zip(targets, sources, member_keys):
+                flat = getattr(source, buffer)
+                if flat is not None:
+                    source.views(flat)[source.position(key)].copyto(target)
+        for source in sources:
+            source.retired = True
+        group.step = 0
+        group.first_step = max(s.global_step for s in sources)
+        self._unregistered.append(group)
+        self.raw.init(group.server_key, group.current)
+        for key in member_keys:
+            self.groups[key] = group
