@@ -1,7 +1,8 @@
 /*
- * Per-element math of the OD-SGD local update (SPEC.md section 2), shared by the CPU
- * kernels in local_update_op.cc and the CUDA kernels in local_update_op_gpu.cu so that
- * both devices compute the same expression in the same order.
+ * Per-element math of the OD-SGD local update (SPEC.md section 2) and the per-array table of
+ * a multi-array call, shared by the CPU kernels in multi_update_op.cc, the CUDA kernels in
+ * local_update_op_gpu.cu and the CUDA test driver gpu_check_driver.cu, so that every device
+ * computes the same expression in the same order.
  *
  * Every operation is float32 and follows the order of the formulas in SPEC.md (and of
  * tests/od_reference.py), so results agree with the NumPy reference to float32 rounding.
@@ -12,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #if defined(__CUDACC__)
 #define ODSGD_HOST_DEVICE __host__ __device__ __forceinline__
@@ -37,6 +39,27 @@ struct UpdateParams {
   float prev_decay;      // NAG predict only: lr * wd of the servers' round that made W
   float one_plus_momentum;  // NAG predict only: momentum + 1.0f in float32, as MXNet's kernel
 };
+
+/*!
+ * \brief The shared hyper-parameters of a call from its attribute values. Each is rounded to
+ *  float32 once, as the NumPy reference's np.float32(x) does; 1 - beta is formed in double
+ *  first (like the reference), 1 + momentum in float32 (like MXNet's nag_mom_update). lr, wd
+ *  and prev_decay are per array (ParamsOf).
+ */
+inline UpdateParams MakeUpdateParams(double rescale_grad, double clip_gradient, double momentum,
+                                     double lam, double beta, double eps, double num_workers) {
+  UpdateParams p{};
+  p.rescale_grad = static_cast<float>(rescale_grad);
+  p.clip_gradient = static_cast<float>(clip_gradient);
+  p.momentum = static_cast<float>(momentum);
+  p.lam = static_cast<float>(lam);
+  p.beta = static_cast<float>(beta);
+  p.one_minus_beta = static_cast<float>(1.0 - beta);
+  p.eps = static_cast<float>(eps);
+  p.num_workers = static_cast<float>(num_workers);
+  p.one_plus_momentum = p.momentum + 1.0f;
+  return p;
+}
 
 /*! \brief g = r * grad, clipped to [-clip, clip] when kClip. */
 template <bool kClip>
@@ -159,6 +182,30 @@ ODSGD_HOST_DEVICE void NagPredictUpdateAt(int64_t i, const UpdateParams& p, floa
   if (kAdaptive) var[i] = v;
 }
 
+/*! \brief What a multi-array kernel does besides the per-array table. kNagPredict is the
+ *  'predict' step for the global optimizer NAG. */
+enum class MultiKind { kLocal, kPredict, kNagPredict, kGather, kScatter };
+
+/*!
+ * \brief One element i of an update kind (kLocal, kPredict, kNagPredict) on whole arrays:
+ *  `aux` is mom (kLocal, written) or prev_global_weight (the predicts, read only); `est` is
+ *  only touched by kNagPredict, `var` only when kAdaptive, `send` only when kSend.
+ */
+template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend>
+ODSGD_HOST_DEVICE void UpdateAt(int64_t i, const UpdateParams& p, float* w, const float* grad,
+                                const float* global_w, float* aux, float* est, float* var,
+                                float* send) {
+  static_assert(kKind == MultiKind::kLocal || kKind == MultiKind::kPredict ||
+                kKind == MultiKind::kNagPredict, "UpdateAt takes the update kinds only");
+  if (kKind == MultiKind::kLocal) {
+    LocalUpdateAt<kClip, kAdaptive, kSend>(i, p, w, grad, global_w, aux, var, send);
+  } else if (kKind == MultiKind::kPredict) {
+    PredictUpdateAt<kClip, kAdaptive, kSend>(i, p, w, grad, global_w, aux, var, send);
+  } else {
+    NagPredictUpdateAt<kClip, kAdaptive, kSend>(i, p, w, grad, global_w, aux, est, var, send);
+  }
+}
+
 /*!
  * \brief Calls fn(flag) with std::true_type or std::false_type, so that fn can pick a
  *  template instantiation: decltype(flag)::value is a constant there. Nest calls for
@@ -182,18 +229,29 @@ void DispatchFlags(bool clip, bool adaptive, Fn fn) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Multi-array operators: P arrays of any sizes n_k, laid end to end in a flat layout with
+// Multi-array calls: P arrays of any sizes n_k, laid end to end in a flat layout with
 // offsets off_0 = 0, off_{k+1} = off_k + n_k (the states and the global weights are flat
-// arrays of length off_P; the weights and gradients stay separate arrays).
+// arrays of length off_P; the weights and gradients stay separate arrays). One array is
+// the case P = 1: there is no other operator.
+
+// A CUDA block of a multi-array kernel covers one tile: kCudaTileElements consecutive
+// elements of one array, never two arrays, so that it looks its array up once (by its block
+// index, in the table's tile starts) instead of once per element. Each of its threads
+// handles kCudaElementsPerThread elements, a block apart (coalesced).
+constexpr int kCudaThreadsPerBlock = 256;
+constexpr int kCudaElementsPerThread = 4;
+constexpr int64_t kCudaTileElements = kCudaThreadsPerBlock * kCudaElementsPerThread;
 
 /*!
  * \brief The per-array part of a multi-array call, as one block of memory (host or device):
- *  offsets[P+1] (int64), out[P] and in[P] (float pointers: the written arrays, e.g. the
- *  weights, and the read ones, e.g. the gradients), lr[P], wd[P] and prev_decay[P]
- *  (float32; prev_decay is only read by the NAG 'predict' kind, 0 for the others).
+ *  offsets[P+1] and tiles[P+1] (int64: the first flat element and the first CUDA tile of
+ *  array k; [P] holds the totals), out[P] and in[P] (float pointers: the written arrays,
+ *  e.g. the weights, and the read ones, e.g. the gradients), lr[P], wd[P] and
+ *  prev_decay[P] (float32; prev_decay is only read by the NAG 'predict' kind, 0 otherwise).
  */
 struct SegmentTable {
   const int64_t* offsets;
+  const int64_t* tiles;
   float* const* out;
   const float* const* in;
   const float* lr;
@@ -204,30 +262,81 @@ struct SegmentTable {
 /*! \brief Bytes of a SegmentTable block for `num` arrays (every part stays 8-byte aligned). */
 inline int64_t SegmentTableBytes(int num) {
   const int64_t floats = 3 * static_cast<int64_t>(num) * static_cast<int64_t>(sizeof(float));
-  return static_cast<int64_t>(num + 1) * 8 + 2 * static_cast<int64_t>(num) * 8 +
+  return 2 * static_cast<int64_t>(num + 1) * 8 + 2 * static_cast<int64_t>(num) * 8 +
          ((floats + 7) / 8) * 8;
 }
 
 /*! \brief The SegmentTable view of a block laid out as SegmentTableBytes describes. */
 ODSGD_HOST_DEVICE SegmentTable ViewSegmentTable(const void* block, int num) {
   const char* base = static_cast<const char*>(block);
+  const int64_t n = num;
   SegmentTable t;
   t.offsets = reinterpret_cast<const int64_t*>(base);
-  t.out = reinterpret_cast<float* const*>(base + static_cast<int64_t>(num + 1) * 8);
-  t.in = reinterpret_cast<const float* const*>(base + static_cast<int64_t>(2 * num + 1) * 8);
-  t.lr = reinterpret_cast<const float*>(base + static_cast<int64_t>(3 * num + 1) * 8);
+  t.tiles = t.offsets + (n + 1);
+  t.out = reinterpret_cast<float* const*>(base + 2 * (n + 1) * 8);
+  t.in = reinterpret_cast<const float* const*>(base + (3 * n + 2) * 8);
+  t.lr = reinterpret_cast<const float*>(base + (4 * n + 2) * 8);
   t.wd = t.lr + num;
   t.prev_decay = t.wd + num;
   return t;
 }
 
-/*! \brief The array k holding flat element i (0 <= i < offsets[num]): the largest k with
- *  offsets[k] <= i, which skips empty arrays (offsets[k] == offsets[k+1]). */
-ODSGD_HOST_DEVICE int FindSegment(const int64_t* offsets, int num, int64_t i) {
+/*! \brief What a call says about array k, for BuildSegmentTable. */
+struct SegmentSpec {
+  int64_t size;         // elements
+  float* out;           // the array written (weights[k]; scatter: arrays[k]), or nullptr
+  const float* in;      // the array read (grads[k]; gather: arrays[k]), or nullptr
+  float lr, wd, prev_decay;
+};
+
+/*! \brief A SegmentTable block in host memory, built by BuildSegmentTable. */
+struct HostSegmentTable {
+  std::vector<int64_t> block;   // int64 storage keeps every part 8-byte aligned
+  SegmentTable view;
+  int64_t total = 0;            // elements of all arrays (offsets[P])
+  int64_t tiles = 0;            // CUDA blocks of a call (tiles[P])
+};
+
+/*! \brief Lays out the table of `specs` (array k = specs[k]) in host memory. */
+inline void BuildSegmentTable(const std::vector<SegmentSpec>& specs, HostSegmentTable* table) {
+  const int num = static_cast<int>(specs.size());
+  table->block.assign(static_cast<size_t>((SegmentTableBytes(num) + 7) / 8), 0);
+  table->view = ViewSegmentTable(table->block.data(), num);
+  // The view's parts are const for the kernels; this is the one place that fills them.
+  auto* offsets = const_cast<int64_t*>(table->view.offsets);
+  auto* tiles = const_cast<int64_t*>(table->view.tiles);
+  auto* out = const_cast<float**>(table->view.out);
+  auto* in = const_cast<const float**>(table->view.in);
+  auto* lr = const_cast<float*>(table->view.lr);
+  auto* wd = const_cast<float*>(table->view.wd);
+  auto* prev_decay = const_cast<float*>(table->view.prev_decay);
+  int64_t total = 0, tile = 0;
+  for (int k = 0; k < num; ++k) {
+    const SegmentSpec& s = specs[k];
+    offsets[k] = total;
+    tiles[k] = tile;
+    out[k] = s.out;
+    in[k] = s.in;
+    lr[k] = s.lr;
+    wd[k] = s.wd;
+    prev_decay[k] = s.prev_decay;
+    total += s.size;
+    tile += (s.size + kCudaTileElements - 1) / kCudaTileElements;
+  }
+  offsets[num] = total;
+  tiles[num] = tile;
+  table->total = total;
+  table->tiles = tile;
+}
+
+/*! \brief The array k that holds position i of a table column of starts (offsets for a
+ *  flat element, tiles for a CUDA block; 0 <= i < starts[num]): the largest k with
+ *  starts[k] <= i, which skips empty arrays (starts[k] == starts[k+1]). */
+ODSGD_HOST_DEVICE int FindSegment(const int64_t* starts, int num, int64_t i) {
   int lo = 0, hi = num;
   while (hi - lo > 1) {
     const int mid = lo + (hi - lo) / 2;
-    if (offsets[mid] <= i) {
+    if (starts[mid] <= i) {
       lo = mid;
     } else {
       hi = mid;
@@ -245,10 +354,6 @@ ODSGD_HOST_DEVICE UpdateParams ParamsOf(const UpdateParams& p, const SegmentTabl
   return q;
 }
 
-/*! \brief What a multi-array kernel does besides the per-array table. kNagPredict is the
- *  'predict' step for the global optimizer NAG. */
-enum class MultiKind { kLocal, kPredict, kNagPredict, kGather, kScatter };
-
 /*! \brief The flat arrays of a multi-array call (device or host pointers). `aux` is mom
  *  (kLocal) or prev_global_weight (kPredict, kNagPredict); `est` the estimate of the
  *  servers' NAG state (kNagPredict only); `var` and `send` are only touched when the
@@ -261,25 +366,20 @@ struct FlatArrays {
   float* flat;
   float* est;
 };
+
 #if defined(ODSGD_WITH_CUDA)
 /*
  * CUDA launchers, defined in local_update_op_gpu.cu. Pointers are device pointers; `stream`
  * is the cudaStream_t MXNet hands the operator (void* here so that this header and the .cc
- * files need no CUDA headers). `w` is read and written in place; `var` is only touched when
- * adaptive. Return 0 on success, otherwise a cudaError_t value.
+ * files need no CUDA headers). Return 0 on success, otherwise a cudaError_t value.
  */
-int LaunchLocalUpdateCuda(int64_t n, const UpdateParams& p, bool clip, bool adaptive, float* w,
-                          const float* grad, const float* global_w, float* mom, float* var,
-                          void* stream);
-int LaunchPredictUpdateCuda(int64_t n, const UpdateParams& p, bool clip, bool adaptive,
-                            float* w, const float* grad, const float* global_w,
-                            const float* prev_global_w, float* var, void* stream);
 /*!
- * \brief One kernel over all `total` elements of a multi-array call. `device_table` is a
- *  SegmentTable block of `num` arrays in device memory; `p` gives the shared
- *  hyper-parameters (each array's lr and wd come from the table).
+ * \brief One kernel over all arrays of a multi-array call: `tiles` blocks (the host table's
+ *  tiles[P]; 0 launches nothing). `device_table` is the SegmentTable block of `num` arrays
+ *  in device memory; `p` gives the shared hyper-parameters (each array's lr, wd and
+ *  prev_decay come from the table).
  */
-int LaunchMultiCuda(MultiKind kind, int64_t total, int num, const void* device_table,
+int LaunchMultiCuda(MultiKind kind, int64_t tiles, int num, const void* device_table,
                     const UpdateParams& p, bool clip, bool adaptive, bool send,
                     const FlatArrays& flat, void* stream);
 /*! \brief Asynchronous copy of `bytes` bytes on `stream`, device to device. */

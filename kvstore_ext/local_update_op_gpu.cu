@@ -1,20 +1,22 @@
 /*
- * CUDA kernels of the fused OD-SGD operators (local_update_op.cc, multi_update_op.cc).
+ * CUDA kernels of the fused OD-SGD operators (multi_update_op.cc): the local updates,
+ * gather and scatter of a group of P arrays (one array is P = 1) in one launch.
  *
  * Compiled by `python -m odsgd.native build` when nvcc is on PATH and the installed MXNet is
- * a CUDA build (the .cc files then register their "gpu" forward functions,
- * -DODSGD_WITH_CUDA), and by `python -m odsgd.native check-cuda` (run by `make test`) on
- * any machine, to check that it compiles.
+ * a CUDA build (multi_update_op.cc then registers its "gpu" forward functions,
+ * -DODSGD_WITH_CUDA), by `python -m odsgd.native check-cuda` (run by `make test`) on any
+ * machine, to check that it compiles, and with gpu_check_driver.cu by
+ * `python -m odsgd.native check-gpu`, which runs it without MXNet.
  *
- * The per-element code (LocalUpdateAt, PredictUpdateAt, NagPredictUpdateAt) is
- * local_update_kernels.h, shared with the CPU kernels. Each thread handles elements i,
- * i + stride, ... (grid-stride loop), so any n runs with a bounded grid. A multi-array
- * kernel covers all arrays of a call in one launch: element i of the flat layout finds its
- * array by a binary search of the offsets.
+ * The per-element code (UpdateAt: LocalUpdateAt, PredictUpdateAt, NagPredictUpdateAt) is
+ * local_update_kernels.h, shared with the CPU kernels. Block b covers tile b of the call: a
+ * run of kCudaTileElements elements inside one array (local_update_kernels.h), whose array
+ * it finds once, by a binary search of the table's tile starts (a few loads of a table that
+ * stays in the L1 cache); an element never searches.
  */
 #include <cuda_runtime.h>
 
-#include <algorithm>
+#include <climits>
 #include <cstdint>
 
 #include "local_update_kernels.h"
@@ -22,144 +24,137 @@
 namespace odsgd {
 namespace {
 
-constexpr int kThreadsPerBlock = 256;
-// Enough blocks to fill the largest GPUs several times over; beyond this the grid-stride
-// loop takes over instead of launching more blocks.
-constexpr int64_t kMaxBlocks = 65535;
-
-int BlocksFor(int64_t n) {
-  return static_cast<int>(
-      std::min<int64_t>(kMaxBlocks, (n + kThreadsPerBlock - 1) / kThreadsPerBlock));
-}
-
-template <bool kClip, bool kAdaptive>
-__global__ void LocalUpdateKernel(int64_t n, UpdateParams p, float* __restrict__ w,
-                                  const float* __restrict__ grad,
-                                  const float* __restrict__ global_w,
-                                  float* __restrict__ mom, float* __restrict__ var) {
-  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    LocalUpdateAt<kClip, kAdaptive, false>(i, p, w, grad, global_w, mom, var, nullptr);
-  }
-}
-
-template <bool kClip, bool kAdaptive>
-__global__ void PredictUpdateKernel(int64_t n, UpdateParams p, float* __restrict__ w,
-                                    const float* __restrict__ grad,
-                                    const float* __restrict__ global_w,
-                                    const float* __restrict__ prev_global_w,
-                                    float* __restrict__ var) {
-  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    PredictUpdateAt<kClip, kAdaptive, false>(i, p, w, grad, global_w, prev_global_w, var,
-                                             nullptr);
-  }
-}
-
-/*! \brief All arrays of a multi-array call; kKind picks update, gather or scatter. */
+/*!
+ * \brief This thread's elements of a tile: i = begin + r * kCudaThreadsPerBlock for
+ *  r < kCudaElementsPerThread, those below `end`, all in one array. All their loads are
+ *  issued first, into registers, and only then computed and stored: the kernel is bound by
+ *  memory latency and bandwidth, and the compiler would not move a load above an earlier
+ *  store itself (it cannot tell that the arrays do not overlap; the operator refuses arrays
+ *  that do, except a weight updated in place, which is read and written at the same i).
+ */
 template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend>
-__global__ void MultiKernel(int64_t total, int num, const void* __restrict__ table_block,
-                            UpdateParams p, FlatArrays f) {
-  const SegmentTable t = ViewSegmentTable(table_block, num);
-  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += stride) {
-    const int k = FindSegment(t.offsets, num, i);
-    const int64_t off = t.offsets[k];
-    const int64_t j = i - off;
-    if (kKind == MultiKind::kGather) {
-      f.flat[i] = t.in[k][j];
-    } else if (kKind == MultiKind::kScatter) {
-      t.out[k][j] = f.flat[i];
-    } else {
-      const UpdateParams q = ParamsOf(p, t, k);
-      float* var = kAdaptive ? f.var + off : f.var;
-      float* send = kSend ? f.send + off : f.send;
-      if (kKind == MultiKind::kLocal) {
-        LocalUpdateAt<kClip, kAdaptive, kSend>(j, q, t.out[k], t.in[k], f.global_w + off,
-                                               f.aux + off, var, send);
-      } else if (kKind == MultiKind::kPredict) {
-        PredictUpdateAt<kClip, kAdaptive, kSend>(j, q, t.out[k], t.in[k], f.global_w + off,
-                                                 f.aux + off, var, send);
-      } else {
-        NagPredictUpdateAt<kClip, kAdaptive, kSend>(j, q, t.out[k], t.in[k],
-                                                    f.global_w + off, f.aux + off,
-                                                    f.est + off, var, send);
-      }
+__device__ __forceinline__ void UpdateTile(int64_t begin, int64_t end, const UpdateParams& p,
+                                           float* w, const float* grad, const float* global_w,
+                                           float* aux, float* est, float* var, float* send) {
+  constexpr int kR = kCudaElementsPerThread;
+  constexpr bool kWritesAux = kKind == MultiKind::kLocal;   // mom; the predicts read W_prev
+  constexpr bool kNag = kKind == MultiKind::kNagPredict;
+  float rw[kR], rgrad[kR], rglobal[kR], raux[kR], rest[kR], rvar[kR], rsend[kR];
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    const int64_t i = begin + static_cast<int64_t>(r) * kCudaThreadsPerBlock;
+    if (i < end) {
+      rw[r] = w[i];
+      rgrad[r] = grad[i];
+      rglobal[r] = global_w[i];
+      raux[r] = aux[i];
+      if (kNag) rest[r] = est[i];
+      if (kAdaptive) rvar[r] = var[i];
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    const int64_t i = begin + static_cast<int64_t>(r) * kCudaThreadsPerBlock;
+    if (i < end) {
+      // The same per-element code as the CPU, on this thread's registers.
+      UpdateAt<kKind, kClip, kAdaptive, kSend>(r, p, rw, rgrad, rglobal, raux, rest, rvar,
+                                               rsend);
+      w[i] = rw[r];
+      if (kWritesAux) aux[i] = raux[r];
+      if (kNag) est[i] = rest[r];
+      if (kAdaptive) var[i] = rvar[r];
+      if (kSend) send[i] = rsend[r];
     }
   }
 }
 
+/*! \brief Gather or scatter of this thread's elements of a tile (see UpdateTile). */
+__device__ __forceinline__ void CopyTile(int64_t begin, int64_t end, const float* src,
+                                         float* dst) {
+  float value[kCudaElementsPerThread];
+#pragma unroll
+  for (int r = 0; r < kCudaElementsPerThread; ++r) {
+    const int64_t i = begin + static_cast<int64_t>(r) * kCudaThreadsPerBlock;
+    if (i < end) value[r] = src[i];
+  }
+#pragma unroll
+  for (int r = 0; r < kCudaElementsPerThread; ++r) {
+    const int64_t i = begin + static_cast<int64_t>(r) * kCudaThreadsPerBlock;
+    if (i < end) dst[i] = value[r];
+  }
+}
+
+/*! \brief All arrays of a multi-array call, one tile per block; kKind picks update,
+ *  gather or scatter. */
+template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend>
+__global__ void __launch_bounds__(kCudaThreadsPerBlock)
+    MultiKernel(int num, const void* __restrict__ table_block, UpdateParams p, FlatArrays f) {
+  const SegmentTable t = ViewSegmentTable(table_block, num);
+  const int64_t tile = blockIdx.x;
+  const int k = FindSegment(t.tiles, num, tile);      // once per block, uniform
+  const int64_t off = t.offsets[k];
+  const int64_t first = (tile - t.tiles[k]) * kCudaTileElements;
+  const int64_t size = t.offsets[k + 1] - off;
+  const int64_t end = first + kCudaTileElements < size ? first + kCudaTileElements : size;
+  const int64_t begin = first + threadIdx.x;
+  if constexpr (kKind == MultiKind::kGather) {
+    CopyTile(begin, end, t.in[k], f.flat + off);
+  } else if constexpr (kKind == MultiKind::kScatter) {
+    CopyTile(begin, end, f.flat + off, t.out[k]);
+  } else {
+    // est, var and send are only offset where they are real arrays (not placeholders).
+    float* est = kKind == MultiKind::kNagPredict ? f.est + off : f.est;
+    float* var = kAdaptive ? f.var + off : f.var;
+    float* send = kSend ? f.send + off : f.send;
+    UpdateTile<kKind, kClip, kAdaptive, kSend>(begin, end, ParamsOf(p, t, k), t.out[k], t.in[k],
+                                               f.global_w + off, f.aux + off, est, var, send);
+  }
+}
+
 template <MultiKind kKind>
-void LaunchMulti(int blocks, cudaStream_t s, int64_t total, int num, const void* table,
+void LaunchMulti(unsigned int blocks, cudaStream_t s, int num, const void* table,
                  const UpdateParams& p, bool clip, bool adaptive, bool send,
                  const FlatArrays& f) {
   DispatchFlags(clip, adaptive, [&](auto kclip, auto kadaptive) {
     DispatchBool(send, [&](auto ksend) {
       MultiKernel<kKind, decltype(kclip)::value, decltype(kadaptive)::value,
-                  decltype(ksend)::value><<<blocks, kThreadsPerBlock, 0, s>>>(total, num, table,
-                                                                              p, f);
+                  decltype(ksend)::value><<<blocks, kCudaThreadsPerBlock, 0, s>>>(num, table,
+                                                                                  p, f);
     });
   });
 }
 
 }  // namespace
 
-int LaunchLocalUpdateCuda(int64_t n, const UpdateParams& p, bool clip, bool adaptive, float* w,
-                          const float* grad, const float* global_w, float* mom, float* var,
-                          void* stream) {
-  if (n == 0) return 0;
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const int blocks = BlocksFor(n);
-  DispatchFlags(clip, adaptive, [&](auto kclip, auto kadaptive) {
-    LocalUpdateKernel<decltype(kclip)::value, decltype(kadaptive)::value>
-        <<<blocks, kThreadsPerBlock, 0, s>>>(n, p, w, grad, global_w, mom, var);
-  });
-  return static_cast<int>(cudaGetLastError());
-}
-
-int LaunchPredictUpdateCuda(int64_t n, const UpdateParams& p, bool clip, bool adaptive,
-                            float* w, const float* grad, const float* global_w,
-                            const float* prev_global_w, float* var, void* stream) {
-  if (n == 0) return 0;
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const int blocks = BlocksFor(n);
-  DispatchFlags(clip, adaptive, [&](auto kclip, auto kadaptive) {
-    PredictUpdateKernel<decltype(kclip)::value, decltype(kadaptive)::value>
-        <<<blocks, kThreadsPerBlock, 0, s>>>(n, p, w, grad, global_w, prev_global_w, var);
-  });
-  return static_cast<int>(cudaGetLastError());
-}
-
-int LaunchMultiCuda(MultiKind kind, int64_t total, int num, const void* device_table,
+int LaunchMultiCuda(MultiKind kind, int64_t tiles, int num, const void* device_table,
                     const UpdateParams& p, bool clip, bool adaptive, bool send,
                     const FlatArrays& flat, void* stream) {
-  if (total == 0) return 0;
+  if (tiles == 0) return 0;
+  // A grid has at most 2^31 - 1 blocks: 2.2e12 elements, far beyond any GPU's memory.
+  if (tiles > INT_MAX) return static_cast<int>(cudaErrorInvalidConfiguration);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const int blocks = BlocksFor(total);
+  const auto blocks = static_cast<unsigned int>(tiles);
   switch (kind) {
     case MultiKind::kLocal:
-      LaunchMulti<MultiKind::kLocal>(blocks, s, total, num, device_table, p, clip, adaptive,
-                                     send, flat);
+      LaunchMulti<MultiKind::kLocal>(blocks, s, num, device_table, p, clip, adaptive, send,
+                                     flat);
       break;
     case MultiKind::kPredict:
-      LaunchMulti<MultiKind::kPredict>(blocks, s, total, num, device_table, p, clip, adaptive,
-                                       send, flat);
+      LaunchMulti<MultiKind::kPredict>(blocks, s, num, device_table, p, clip, adaptive, send,
+                                       flat);
       break;
     case MultiKind::kNagPredict:
-      LaunchMulti<MultiKind::kNagPredict>(blocks, s, total, num, device_table, p, clip,
-                                          adaptive, send, flat);
+      LaunchMulti<MultiKind::kNagPredict>(blocks, s, num, device_table, p, clip, adaptive,
+                                          send, flat);
       break;
     case MultiKind::kGather:
       // Copies take no flags: one instantiation each.
       MultiKernel<MultiKind::kGather, false, false, false>
-          <<<blocks, kThreadsPerBlock, 0, s>>>(total, num, device_table, p, flat);
+          <<<blocks, kCudaThreadsPerBlock, 0, s>>>(num, device_table, p, flat);
       break;
     case MultiKind::kScatter:
       MultiKernel<MultiKind::kScatter, false, false, false>
-          <<<blocks, kThreadsPerBlock, 0, s>>>(total, num, device_table, p, flat);
+          <<<blocks, kCudaThreadsPerBlock, 0, s>>>(num, device_table, p, flat);
       break;
   }
   return static_cast<int>(cudaGetLastError());

@@ -1,7 +1,13 @@
 /*
- * Multi-array operators of the odsgd extension library: one operator call for a whole group
- * of parameters (variadic inputs, like MXNet's multi_sgd_mom_update), so that a step's
- * dispatch cost does not grow with the number of arrays.
+ * The odsgd extension library's operators: the fused OD-SGD local update (SPEC.md section 2)
+ * for a whole group of parameters in one operator call (variadic inputs, like MXNet's
+ * multi_sgd_mom_update), so that a step's dispatch cost does not grow with the number of
+ * arrays, and the gather/scatter of arrays to and from one flat buffer. One array is the
+ * group P = 1: there is no single-array operator.
+ *
+ * Built against the installed MXNet wheel's include/mxnet/lib_api.h and src/lib_api.cc by
+ * `python -m odsgd.native build` and loaded with mx.library.load(); each operator then
+ * appears as mx.nd.<name>. The CUDA kernels are in local_update_op_gpu.cu.
  *
  * P arrays of sizes n_k are laid end to end in "flat" 1-D float32 arrays of length
  * N = n_0 + ... + n_{P-1}: array k occupies flat[off_k, off_k + n_k), off_0 = 0, each array
@@ -73,7 +79,7 @@ const char* OpName(MultiKind kind) {
   }
 }
 
-bool IsUpdate(MultiKind kind) {
+constexpr bool IsUpdate(MultiKind kind) {
   return kind == MultiKind::kLocal || kind == MultiKind::kPredict ||
          kind == MultiKind::kNagPredict;
 }
@@ -122,15 +128,31 @@ struct MultiConfig {
   bool send = false;
 };
 
-/*! \brief Parses and checks the attributes; for update operators `with_rates` = false skips
- *  the per-array lists (their length is checked again wherever they are used). */
-bool ParseConfig(const Attrs& attrs, MultiKind kind, bool with_rates, MultiConfig* cfg) {
+/*!
+ * \brief How much of the attributes a callback parses. MXNet 1.9 calls the library's
+ *  callbacks about seven times per operator call, each with the attribute strings, and
+ *  ParseAttrs first (it gives the number of inputs): that one checks everything, the
+ *  shape, type and mutate callbacks then read only what they use, the forward every value.
+ */
+enum class Parse {
+  kValidate,   // ParseAttrs: every attribute, unknown names refused
+  kLayout,     // shape, type and mutate callbacks: num_arrays, adaptive, send
+  kRun,        // forward: every value
+};
+
+/*! \brief Parses the attributes (as much as `level` says) into `cfg`; false, with the
+ *  reason recorded, when one is missing or wrong. */
+bool ParseConfig(const Attrs& attrs, MultiKind kind, Parse level, MultiConfig* cfg) {
   const char* op = OpName(kind);
-  if (!CheckKnownAttrs(attrs, op, AttrNames(kind))) return false;
+  if (level == Parse::kValidate && !CheckKnownAttrs(attrs, op, AttrNames(kind))) return false;
   int64_t num = 0;
   if (!GetCount(attrs, op, "num_arrays", 1, kMaxArrays, &num)) return false;
   cfg->num = static_cast<int>(num);
   if (!IsUpdate(kind)) return true;
+  if (level == Parse::kLayout) {
+    return GetFlag(attrs, op, "adaptive", &cfg->adaptive) &&
+           GetFlag(attrs, op, "send", &cfg->send);
+  }
   double rescale_grad, clip_gradient, momentum, lam, beta, eps;
   if (!GetNumber(attrs, op, "rescale_grad", &rescale_grad) ||
       !GetNumber(attrs, op, "clip_gradient", &clip_gradient) ||
@@ -153,27 +175,16 @@ bool ParseConfig(const Attrs& attrs, MultiKind kind, bool with_rates, MultiConfi
   if (IsPredict(kind) && !GetCount(attrs, op, "num_workers", 1, 1 << 30, &num_workers)) {
     return false;
   }
-  if (with_rates && (!GetFloatList(attrs, op, "lrs", num, &cfg->lrs) ||
-                     !GetFloatList(attrs, op, "wds", num, &cfg->wds))) {
+  if (!GetFloatList(attrs, op, "lrs", num, &cfg->lrs) ||
+      !GetFloatList(attrs, op, "wds", num, &cfg->wds)) {
     return false;
   }
-  if (with_rates && kind == MultiKind::kNagPredict &&
+  if (kind == MultiKind::kNagPredict &&
       !GetFloatList(attrs, op, "prev_decays", num, &cfg->prev_decays)) {
     return false;
   }
-  // Every constant is rounded to float32 once, as the NumPy reference's np.float32(x) does;
-  // 1 - beta is formed in double first, like the reference.
-  cfg->p.rescale_grad = static_cast<float>(rescale_grad);
-  cfg->p.clip_gradient = static_cast<float>(clip_gradient);
-  cfg->p.momentum = static_cast<float>(momentum);
-  cfg->p.lam = static_cast<float>(lam);
-  cfg->p.beta = static_cast<float>(beta);
-  cfg->p.one_minus_beta = static_cast<float>(1.0 - beta);
-  cfg->p.eps = static_cast<float>(eps);
-  cfg->p.num_workers = static_cast<float>(num_workers);
-  cfg->p.prev_decay = 0.0f;   // per array, from the table
-  // momentum + 1 in float32, as MXNet's nag_mom_update forms it (DType(momentum) + 1)
-  cfg->p.one_plus_momentum = cfg->p.momentum + 1.0f;
+  cfg->p = MakeUpdateParams(rescale_grad, clip_gradient, momentum, lam, beta, eps,
+                            static_cast<double>(num_workers));
   cfg->clip = clip_gradient > 0.0;
   return true;
 }
@@ -195,7 +206,7 @@ int NumOutputs(MultiKind kind, const MultiConfig& cfg) {
 template <MultiKind kKind>
 MXReturnValue ParseAttrs(const Attrs& attrs, int* num_in, int* num_out) {
   MultiConfig cfg;
-  if (!ParseConfig(attrs, kKind, true, &cfg)) return MX_FAIL;
+  if (!ParseConfig(attrs, kKind, Parse::kValidate, &cfg)) return MX_FAIL;
   *num_in = NumInputs(kKind, cfg.num);
   *num_out = NumOutputs(kKind, cfg);
   return MX_SUCCESS;
@@ -205,7 +216,7 @@ template <MultiKind kKind>
 MXReturnValue InferType(const Attrs& attrs, std::vector<int>* in_types,
                         std::vector<int>* out_types) {
   MultiConfig cfg;
-  if (!ParseConfig(attrs, kKind, false, &cfg)) return MX_FAIL;
+  if (!ParseConfig(attrs, kKind, Parse::kLayout, &cfg)) return MX_FAIL;
   for (size_t i = 0; i < in_types->size(); ++i) {
     const int t = (*in_types)[i];
     // -1: not yet known (symbolic graphs); imperative calls always know every dtype.
@@ -237,7 +248,7 @@ template <MultiKind kKind>
 MXReturnValue InferShape(const Attrs& attrs, std::vector<std::vector<unsigned int>>* in_shapes,
                          std::vector<std::vector<unsigned int>>* out_shapes) {
   MultiConfig cfg;
-  if (!ParseConfig(attrs, kKind, false, &cfg)) return MX_FAIL;
+  if (!ParseConfig(attrs, kKind, Parse::kLayout, &cfg)) return MX_FAIL;
   const int num = cfg.num;
   const auto& in = *in_shapes;
   if (kKind == MultiKind::kGather) {
@@ -282,7 +293,7 @@ template <MultiKind kKind>
 MXReturnValue MutateInputs(const Attrs& attrs, std::vector<int>* input_indices) {
   if (!IsUpdate(kKind)) return MX_SUCCESS;
   MultiConfig cfg;
-  if (!ParseConfig(attrs, kKind, false, &cfg)) return MX_FAIL;
+  if (!ParseConfig(attrs, kKind, Parse::kLayout, &cfg)) return MX_FAIL;
   const int flat = 2 * cfg.num;
   if (kKind == MultiKind::kLocal) input_indices->push_back(flat + kFlatAux);
   if (cfg.adaptive) input_indices->push_back(flat + kFlatVar);
@@ -293,50 +304,30 @@ MXReturnValue MutateInputs(const Attrs& attrs, std::vector<int>* input_indices) 
 // ---------------------------------------------------------------------------------------
 // Forward: what CPU and GPU share
 
-/*! \brief A SegmentTable block in host memory (see local_update_kernels.h). */
-struct HostTable {
-  std::vector<int64_t> block;   // int64 storage keeps every part 8-byte aligned
-  SegmentTable view;
-  int64_t total = 0;
-};
-
-/*! \brief Offsets, the written and read pointer of each array, and lr/wd/prev_decay, for
- *  one call.
- *  Updates and scatter write outputs[k] and read weights' grads / nothing per array;
- *  gather reads inputs[k]. */
+/*! \brief The per-array table of one call (local_update_kernels.h): updates and scatter
+ *  write outputs[k] and read grads[k] / nothing; gather reads inputs[k]. */
 void BuildTable(MultiKind kind, const MultiConfig& cfg, std::vector<MXTensor>* inputs,
-                std::vector<MXTensor>* outputs, HostTable* table) {
+                std::vector<MXTensor>* outputs, HostSegmentTable* table) {
   const int num = cfg.num;
-  table->block.assign(static_cast<size_t>((SegmentTableBytes(num) + 7) / 8), 0);
-  char* base = reinterpret_cast<char*>(table->block.data());
-  auto* offsets = reinterpret_cast<int64_t*>(base);
-  auto* out = reinterpret_cast<float**>(base + static_cast<int64_t>(num + 1) * 8);
-  auto* in = reinterpret_cast<const float**>(base + static_cast<int64_t>(2 * num + 1) * 8);
-  auto* lr = reinterpret_cast<float*>(base + static_cast<int64_t>(3 * num + 1) * 8);
-  float* wd = lr + num;
-  float* prev_decay = wd + num;
-  int64_t total = 0;
+  std::vector<SegmentSpec> specs(static_cast<size_t>(num));
   for (int k = 0; k < num; ++k) {
-    offsets[k] = total;
+    SegmentSpec& s = specs[k];
+    s = SegmentSpec{0, nullptr, nullptr, 0.0f, 0.0f, 0.0f};
     if (kind == MultiKind::kGather) {
-      const MXTensor& a = (*inputs)[k];
-      in[k] = static_cast<const float*>(a.data_ptr);
-      out[k] = nullptr;
-      total += a.size();
-    } else {
-      MXTensor& a = (*outputs)[k];
-      out[k] = static_cast<float*>(a.data_ptr);
-      in[k] = IsUpdate(kind) ? static_cast<const float*>((*inputs)[num + k].data_ptr)
-                             : nullptr;
-      total += a.size();
+      s.in = static_cast<const float*>((*inputs)[k].data_ptr);
+      s.size = (*inputs)[k].size();
+      continue;
     }
-    lr[k] = IsUpdate(kind) ? cfg.lrs[k] : 0.0f;
-    wd[k] = IsUpdate(kind) ? cfg.wds[k] : 0.0f;
-    prev_decay[k] = kind == MultiKind::kNagPredict ? cfg.prev_decays[k] : 0.0f;
+    s.out = static_cast<float*>((*outputs)[k].data_ptr);
+    s.size = (*outputs)[k].size();
+    if (IsUpdate(kind)) {
+      s.in = static_cast<const float*>((*inputs)[num + k].data_ptr);
+      s.lr = cfg.lrs[k];
+      s.wd = cfg.wds[k];
+      s.prev_decay = kind == MultiKind::kNagPredict ? cfg.prev_decays[k] : 0.0f;
+    }
   }
-  offsets[num] = total;
-  table->view = ViewSegmentTable(base, num);
-  table->total = total;
+  BuildSegmentTable(specs, table);
 }
 
 /*! \brief Written arrays must not share memory with anything else; outputs[k] may be
@@ -377,7 +368,7 @@ bool CheckNoAliasing(MultiKind kind, const MultiConfig& cfg, std::vector<MXTenso
 
 bool Prepare(const Attrs& attrs, MultiKind kind, std::vector<MXTensor>* inputs,
              std::vector<MXTensor>* outputs, MultiConfig* cfg) {
-  if (!ParseConfig(attrs, kind, true, cfg)) return false;
+  if (!ParseConfig(attrs, kind, Parse::kRun, cfg)) return false;
   for (const MXTensor& t : *inputs) {
     if (t.stype != mxnet::ext::kDefaultStorage) {
       MX_ERROR_MSG << OpName(kind) << ": only dense (default storage) arrays are supported";
@@ -410,48 +401,21 @@ FlatArrays FlatArraysOf(MultiKind kind, const MultiConfig& cfg, std::vector<MXTe
 // ---------------------------------------------------------------------------------------
 // CPU
 
-// Each array's part of a thread's range runs in these non-inlined loops, whose pointers keep
-// __restrict__ and whose bodies have no branch (the flags are template parameters), so GCC
-// vectorises them as it does the single-array kernels.
-template <bool kClip, bool kAdaptive, bool kSend>
-__attribute__((noinline)) void MultiLocalRange(int64_t begin, int64_t end, const UpdateParams p,
-                                               float* __restrict__ w,
-                                               const float* __restrict__ grad,
-                                               const float* __restrict__ global_w,
-                                               float* __restrict__ mom,
-                                               float* __restrict__ var,
-                                               float* __restrict__ send) {
+// Each array's part of a thread's range runs in this non-inlined loop, whose pointers keep
+// __restrict__ (GCC drops it on pointers captured into an OpenMP region) and whose body has
+// no branch (kind and flags are template parameters), so GCC -O3 vectorises every
+// instantiation. aux is read only for the predicts and may then be global_w itself, which
+// __restrict__ allows (neither is written).
+template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend>
+__attribute__((noinline)) void UpdateRangeCPU(int64_t begin, int64_t end, const UpdateParams p,
+                                              float* __restrict__ w,
+                                              const float* __restrict__ grad,
+                                              const float* __restrict__ global_w,
+                                              float* __restrict__ aux, float* __restrict__ est,
+                                              float* __restrict__ var,
+                                              float* __restrict__ send) {
   for (int64_t i = begin; i < end; ++i) {
-    LocalUpdateAt<kClip, kAdaptive, kSend>(i, p, w, grad, global_w, mom, var, send);
-  }
-}
-
-template <bool kClip, bool kAdaptive, bool kSend>
-__attribute__((noinline)) void MultiPredictRange(int64_t begin, int64_t end,
-                                                 const UpdateParams p, float* __restrict__ w,
-                                                 const float* __restrict__ grad,
-                                                 const float* __restrict__ global_w,
-                                                 const float* __restrict__ prev_global_w,
-                                                 float* __restrict__ var,
-                                                 float* __restrict__ send) {
-  for (int64_t i = begin; i < end; ++i) {
-    PredictUpdateAt<kClip, kAdaptive, kSend>(i, p, w, grad, global_w, prev_global_w, var,
-                                             send);
-  }
-}
-
-template <bool kClip, bool kAdaptive, bool kSend>
-__attribute__((noinline)) void MultiNagPredictRange(int64_t begin, int64_t end,
-                                                    const UpdateParams p, float* __restrict__ w,
-                                                    const float* __restrict__ grad,
-                                                    const float* __restrict__ global_w,
-                                                    const float* __restrict__ prev_global_w,
-                                                    float* __restrict__ est,
-                                                    float* __restrict__ var,
-                                                    float* __restrict__ send) {
-  for (int64_t i = begin; i < end; ++i) {
-    NagPredictUpdateAt<kClip, kAdaptive, kSend>(i, p, w, grad, global_w, prev_global_w, est,
-                                                var, send);
+    UpdateAt<kKind, kClip, kAdaptive, kSend>(i, p, w, grad, global_w, aux, est, var, send);
   }
 }
 
@@ -468,33 +432,25 @@ void ForEachSegment(const SegmentTable& t, int num, int64_t begin, int64_t end,
   }
 }
 
-template <bool kClip, bool kAdaptive, bool kSend>
-void MultiUpdateCPU(MultiKind kind, const MultiConfig& cfg, const HostTable& table,
-                    const FlatArrays& f) {
+template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend>
+void MultiUpdateCPU(const MultiConfig& cfg, const HostSegmentTable& table, const FlatArrays& f) {
   const SegmentTable& t = table.view;
   ParallelFor(table.total, [&](int64_t begin, int64_t end) {
     ForEachSegment(t, cfg.num, begin, end, [&](int k, int64_t b, int64_t e) {
       const int64_t off = t.offsets[k];
-      const UpdateParams q = ParamsOf(cfg.p, t, k);
-      // var and send are only offset where they are real arrays (not placeholders).
+      // est, var and send are only offset where they are real arrays (not placeholders).
+      float* est = kKind == MultiKind::kNagPredict ? f.est + off : f.est;
       float* var = kAdaptive ? f.var + off : f.var;
       float* send = kSend ? f.send + off : f.send;
-      if (kind == MultiKind::kLocal) {
-        MultiLocalRange<kClip, kAdaptive, kSend>(b, e, q, t.out[k], t.in[k], f.global_w + off,
-                                                 f.aux + off, var, send);
-      } else if (kind == MultiKind::kPredict) {
-        MultiPredictRange<kClip, kAdaptive, kSend>(b, e, q, t.out[k], t.in[k],
-                                                   f.global_w + off, f.aux + off, var, send);
-      } else {
-        MultiNagPredictRange<kClip, kAdaptive, kSend>(b, e, q, t.out[k], t.in[k],
-                                                      f.global_w + off, f.aux + off,
-                                                      f.est + off, var, send);
-      }
+      UpdateRangeCPU<kKind, kClip, kAdaptive, kSend>(b, e, ParamsOf(cfg.p, t, k), t.out[k],
+                                                     t.in[k], f.global_w + off, f.aux + off,
+                                                     est, var, send);
     });
   });
 }
 
-void CopySegmentsCPU(MultiKind kind, int num, const HostTable& table, const FlatArrays& f) {
+void CopySegmentsCPU(MultiKind kind, int num, const HostSegmentTable& table,
+                     const FlatArrays& f) {
   const SegmentTable& t = table.view;
   ParallelFor(table.total, [&](int64_t begin, int64_t end) {
     ForEachSegment(t, num, begin, end, [&](int k, int64_t b, int64_t e) {
@@ -527,20 +483,20 @@ MXReturnValue ForwardCPU(const Attrs& attrs, std::vector<MXTensor>* inputs,
   (void)res;
   MultiConfig cfg;
   if (!Prepare(attrs, kKind, inputs, outputs, &cfg)) return MX_FAIL;
-  HostTable table;
+  HostSegmentTable table;
   BuildTable(kKind, cfg, inputs, outputs, &table);
   const FlatArrays f = FlatArraysOf(kKind, cfg, inputs, outputs);
-  if (!IsUpdate(kKind)) {
+  if constexpr (!IsUpdate(kKind)) {
     CopySegmentsCPU(kKind, cfg.num, table, f);
-    return MX_SUCCESS;
-  }
-  CopyWeightsToOutputsCPU(cfg.num, inputs, outputs);
-  DispatchFlags(cfg.clip, cfg.adaptive, [&](auto clip, auto adaptive) {
-    DispatchBool(cfg.send, [&](auto send) {
-      MultiUpdateCPU<decltype(clip)::value, decltype(adaptive)::value, decltype(send)::value>(
-          kKind, cfg, table, f);
+  } else {
+    CopyWeightsToOutputsCPU(cfg.num, inputs, outputs);
+    DispatchFlags(cfg.clip, cfg.adaptive, [&](auto clip, auto adaptive) {
+      DispatchBool(cfg.send, [&](auto send) {
+        MultiUpdateCPU<kKind, decltype(clip)::value, decltype(adaptive)::value,
+                       decltype(send)::value>(cfg, table, f);
+      });
     });
-  });
+  }
   return MX_SUCCESS;
 }
 
@@ -553,7 +509,7 @@ MXReturnValue ForwardGPU(const Attrs& attrs, std::vector<MXTensor>* inputs,
                          std::vector<MXTensor>* outputs, const OpResource& res) {
   MultiConfig cfg;
   if (!Prepare(attrs, kKind, inputs, outputs, &cfg)) return MX_FAIL;
-  HostTable table;
+  HostSegmentTable table;
   BuildTable(kKind, cfg, inputs, outputs, &table);
   void* stream = res.get_cuda_stream();
   const int64_t bytes = SegmentTableBytes(cfg.num);
@@ -569,8 +525,8 @@ MXReturnValue ForwardGPU(const Attrs& attrs, std::vector<MXTensor>* inputs,
       }
     }
   }
-  if (rc == 0 && table.total > 0) {
-    rc = LaunchMultiCuda(kKind, table.total, cfg.num, device_table, cfg.p, cfg.clip,
+  if (rc == 0) {
+    rc = LaunchMultiCuda(kKind, table.tiles, cfg.num, device_table, cfg.p, cfg.clip,
                          cfg.adaptive, cfg.send, FlatArraysOf(kKind, cfg, inputs, outputs),
                          stream);
   }
@@ -605,3 +561,18 @@ ODSGD_REGISTER_MULTI(odsgd_multi_predict_update, odsgd::MultiKind::kPredict)
 ODSGD_REGISTER_MULTI(odsgd_multi_nag_predict_update, odsgd::MultiKind::kNagPredict)
 ODSGD_REGISTER_MULTI(odsgd_gather, odsgd::MultiKind::kGather)
 ODSGD_REGISTER_MULTI(odsgd_scatter, odsgd::MultiKind::kScatter)
+
+/*!
+ * \brief Called by mx.library.load with MXNET_VERSION = major*10000 + minor*100 + patch.
+ *  lib_api.h's ABI (MX_LIBRARY_VERSION) changes between MXNet minor releases, so only the
+ *  1.9 series this library was compiled against is accepted.
+ */
+MXReturnValue initialize(int version) {
+  if (version < 10900 || version >= 11000) {
+    MX_ERROR_MSG << "odsgd: libodsgd_ext was built for MXNet 1.9.x but was loaded by MXNet "
+                 << version / 10000 << "." << (version / 100) % 100 << "." << version % 100
+                 << "; rebuild it with `make native` or `python -m odsgd.native build`";
+    return MX_FAIL;
+  }
+  return MX_SUCCESS;
+}

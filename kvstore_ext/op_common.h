@@ -1,7 +1,7 @@
 /*
- * Host-side pieces shared by the operator files (local_update_op.cc, multi_update_op.cc):
- * attribute parsing, the OpenMP split of a range, and the memory-overlap check. The
- * per-element math is in local_update_kernels.h (shared with CUDA); nothing here runs on a GPU.
+ * Host-side pieces of the operators (multi_update_op.cc): attribute parsing, the OpenMP
+ * split of a range, and the memory-overlap check. The per-element math is in
+ * local_update_kernels.h (shared with CUDA); nothing here runs on a GPU.
  */
 #ifndef ODSGD_KVSTORE_EXT_OP_COMMON_H_
 #define ODSGD_KVSTORE_EXT_OP_COMMON_H_

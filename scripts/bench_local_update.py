@@ -3,10 +3,10 @@
     python scripts/bench_local_update.py dispatch --json results/bench_dispatch.json
     python scripts/bench_local_update.py bandwidth --json results/bench_local_update.json
 
-dispatch: the per-step cost of a group of P parameter arrays, P single-array calls
-(odsgd.native.local_update_, each after a copy of the gradient into a send buffer, as the
-store does per key) against one multi-array call (odsgd.native.multi_update_ with
-send_flat, which does the copy too), for P = 1, 16 and 162 arrays of a Dense(16) net
+dispatch: the per-step cost of a group of P parameter arrays, P one-array calls
+(odsgd.native.multi_update_ with P = 1 on the array's own 1-D states, each after a copy of
+the gradient into a send buffer, as a store working per key would) against one multi-array
+call (odsgd.native.multi_update_ with send_flat, which does the copy too), for P = 1, 16 and 162 arrays of a Dense(16) net
 (16x16 weights and 16 biases) and for ResNet-50 v1's 161 parameter shapes. "issue" is the
 Python time until the calls return (what the training loop's thread pays), "total" until
 MXNet's engine has run them (mx.nd.waitall), each call starting on idle arrays as in a
@@ -14,8 +14,10 @@ training step. Per-array time = total / P.
 
 bandwidth: for each array size and compensation mode it times three things and reports memory bandwidth:
 
-  fused     mx.nd.odsgd_local_update, one pass: reads weight, grad, global_weight, mom
-            (+ var when adaptive), writes weight, mom (+ var): 24 (32) bytes per element.
+  fused     odsgd.native.multi_update_('sgd', [weight], ...): the operator on one array
+            (P = 1; the arrays are 1-D, so they are their own flat states), one pass: reads
+            weight, grad, global_weight, mom (+ var when adaptive), writes weight, mom
+            (+ var): 24 (32) bytes per element.
   copy      NDArray.copyto of an array holding the same number of bytes (read + write): the
             memory-bandwidth reference, what one pass over that much memory costs.
   fallback  the same math as plain mx.nd operators: the package's own NDArray fallback,
@@ -84,6 +86,17 @@ def time_interleaved(calls, repeats, min_time):
             for name, per_call in samples.items()}
 
 
+def fused_update(weight, grad, global_weight, mom, var, *, adaptive, rescale_grad,
+                 clip_gradient, lr, momentum, wd, lam, beta, eps):
+    """The fused local update of one array: the operator with P = 1. All arrays are 1-D (or
+    weight and grad any shape, the others 1-D of their size); var may be None unless
+    adaptive. What odsgd.native.local_update_ does, without its flat views."""
+    native.multi_update_("sgd", [weight], [grad], global_weight, mom_flat=mom, var_flat=var,
+                         lrs=[lr], wds=[wd], rescale_grad=rescale_grad,
+                         clip_gradient=clip_gradient, momentum=momentum, lam=lam,
+                         adaptive=adaptive, beta=beta, eps=eps)
+
+
 def make_state(n, seed):
     """weight, grad, global_weight, mom, var: float32 arrays of n elements."""
     mx.random.seed(seed)
@@ -98,7 +111,7 @@ def check_agreement(adaptive):
     fused = make_state(10007, seed=1)
     fallback = [a.copy() for a in fused]
     for _ in range(3):
-        native.local_update_(*fused, adaptive=adaptive, **HYPER)
+        fused_update(*fused, adaptive=adaptive, **HYPER)
         ndarray_local_update_(*fallback, adaptive=adaptive, **HYPER)
     for name, a, b in zip(("weight", "mom", "var"), (fused[0], fused[3], fused[4]),
                           (fallback[0], fallback[3], fallback[4])):
@@ -113,7 +126,7 @@ def bench_one(n, adaptive, repeats, min_time):
     src = mx.nd.ones((nbytes // 8,))       # copy reads and writes 4 bytes per element
     dst = mx.nd.zeros((nbytes // 8,))
     timings = time_interleaved({
-        "fused": lambda: native.local_update_(*fused_state, adaptive=adaptive, **HYPER),
+        "fused": lambda: fused_update(*fused_state, adaptive=adaptive, **HYPER),
         "copy": lambda: src.copyto(dst),
         "fallback": lambda: ndarray_local_update_(*fallback_state, adaptive=adaptive, **HYPER),
     }, repeats, min_time)
@@ -183,8 +196,8 @@ def dispatch_calls(shapes, seed):
         return weights, grads
 
     weights, grads = state()
-    globals_ = [w.copy() for w in weights]
-    moms = [mx.nd.zeros(s) for s in shapes]
+    globals_ = [w.reshape((-1,)).copy() for w in weights]
+    moms = [mx.nd.zeros((int(np.prod(s)),)) for s in shapes]
     sends = [mx.nd.zeros(s) for s in shapes]
     m_weights, m_grads = state()
     global_flat = mx.nd.array(rng.standard_normal(total), dtype="float32")
@@ -195,8 +208,8 @@ def dispatch_calls(shapes, seed):
     def single():
         for k in range(len(shapes)):
             grads[k].copyto(sends[k])
-            native.local_update_(weights[k], sends[k], globals_[k], moms[k], None,
-                                 adaptive=False, lr=0.05, wd=1e-4, **common)
+            fused_update(weights[k], sends[k], globals_[k], moms[k], None, adaptive=False,
+                         lr=0.05, wd=1e-4, **common)
 
     def multi():
         native.multi_update_("sgd", m_weights, m_grads, global_flat, mom_flat=mom_flat,

@@ -1,4 +1,6 @@
-"""The fused C++ operators (kvstore_ext/, odsgd.native) against the NumPy reference.
+"""The fused C++ operators (kvstore_ext/, odsgd.native) on one array against the NumPy
+reference: `local_update_` and `predict_update_` are the multi-array operators with P = 1
+(one operator family; tests/test_multi_update_op.py covers groups of arrays).
 
 Every case runs five steps with the state (mom, var) carried over, on seeded random arrays,
 and compares weight and states after each step with tests/od_reference.py (SPEC.md section 2).
@@ -209,8 +211,8 @@ def test_predict_accepts_the_same_array_as_both_global_weights(native):
 
 @pytest.mark.parametrize("size", [5, 100003])
 def test_without_out_the_result_is_a_new_array(native, size):
-    """Called without out=weight the operator returns w_{t+1} in a new array, leaves weight
-    alone and still updates mom (a declared mutable input)."""
+    """Called without out=weight the operator (one array, P = 1) returns w_{t+1} in a new
+    array, leaves weight alone and still updates mom (a declared mutable input)."""
     import mxnet as mx
     rng = np.random.default_rng(3)
     w, W = _inputs(rng, (size,))
@@ -219,9 +221,10 @@ def test_without_out_the_result_is_a_new_array(native, size):
     options = _options(False, "constant", 0.5, 0.9, 0.0)
     expected = ref.local_sgd_step(w, W, grad, m, v, **options)
     weight, mom = _nd(w), _nd(np.zeros(size, np.float32))
-    result = mx.nd.odsgd_local_update(weight, _nd(grad), _nd(W), mom, _nd(v),
-                                      rescale_grad=0.5, clip_gradient=-1, lr=0.1, momentum=0.9,
-                                      wd=0.0, lam=0.5, adaptive=0, beta=0.9, eps=1e-7)
+    result = mx.nd.odsgd_multi_local_update(weight, _nd(grad), _nd(W), mom, _nd(v),
+                                            num_arrays=1, lrs=0.1, wds=0.0, send=0,
+                                            rescale_grad=0.5, clip_gradient=-1, momentum=0.9,
+                                            lam=0.5, adaptive=0, beta=0.9, eps=1e-7)
     _close(result, expected, "result")
     _close(weight, w, "weight must stay unchanged")
     _close(mom, m, "mom")
@@ -272,14 +275,16 @@ def _arrays(shape=(6,), dtype="float32", **replace):
     return [arrays[name] for name in names]
 
 
+# The operator is the multi-array one (P = 1): its messages name weights[0], grads[0] and the
+# flat arrays (mom and var are passed as flat views of themselves).
 @pytest.mark.parametrize("case,message", [
     ("float64", "only float32"),
-    ("float16_grad", "input 'grad' has dtype"),
-    ("grad_shape", "input 'grad' has shape (5,) but 'weight' has shape (6,)"),
-    ("var_shape", "input 'var' has shape (1,)"),
-    ("mom_is_weight", "'out' shares memory with 'mom'"),
+    ("float16_grad", "input 'grads[0]' has dtype"),
+    ("grad_shape", "grads[0] has shape (5,) but weights[0] has shape (6,)"),
+    ("var_shape", "'var_flat' has shape (1,) but must be 1-D of length 6"),
+    ("mom_is_weight", "shares memory with"),
     ("eps_zero", "eps must be > 0"),
-    ("bad_number", "attribute 'lr' must be a finite number"),
+    ("bad_number", "attribute 'lrs' item 0 is not a finite number"),
 ])
 def test_misuse_gets_a_clear_error(native, case, message):
     import mxnet as mx
@@ -302,6 +307,9 @@ def test_misuse_gets_a_clear_error(native, case, message):
     with pytest.raises(mx.base.MXNetError) as caught:
         _call_local(native, arrays, **changes)
     assert message in _last_extension_error(caught.value)
+    if case == "mom_is_weight":
+        assert "'weights[0]'" in _last_extension_error(caught.value)
+        assert "'mom_flat'" in _last_extension_error(caught.value)
 
 
 def test_predict_rejects_a_bad_worker_count(native):
@@ -317,9 +325,9 @@ def test_unknown_attribute_is_refused(native):
     import mxnet as mx
     a = _arrays()
     with pytest.raises(mx.base.MXNetError) as caught:
-        mx.nd.odsgd_local_update(*a, out=a[0], rescale_grad=1, clip_gradient=-1, lr=0.1,
-                                 momentum=0.9, wd=0, lam=0, adaptive=0, beta=0.9, eps=1e-7,
-                                 learning_rate=0.1)
+        mx.nd.odsgd_multi_local_update(*a, out=a[0], num_arrays=1, lrs=0.1, wds=0, send=0,
+                                       rescale_grad=1, clip_gradient=-1, momentum=0.9, lam=0,
+                                       adaptive=0, beta=0.9, eps=1e-7, learning_rate=0.1)
     assert "unknown attribute 'learning_rate'" in _last_extension_error(caught.value)
 
 

@@ -109,7 +109,8 @@ def test_multi_update_matches_reference(native, group, kind, mode, clip, with_se
 
 
 def test_multi_update_equals_single_array_calls(native):  # noqa: F811
-    """One multi-array call and P single-array calls give the same bits."""
+    """One multi-array call and P one-array calls (local_update_, P = 1) give the same
+    bits."""
     rng = np.random.default_rng(11)
     shapes = GROUPS["many"]
     w = [rng.standard_normal(s).astype(np.float32) for s in shapes]
@@ -296,11 +297,12 @@ def test_weights_in_mkldnn_layout_go_through_the_ops(native):  # noqa: F811
     from odsgd.local_update import ndarray_local_update_
 
     probe = _conv_net_after_inference(seed=4)[0]
-    mom = mx.nd.zeros(probe.shape)
+    mom = mx.nd.zeros((probe.size,))
     with pytest.raises(mx.base.MXNetError, match="MKLDNN"):
-        mx.nd.odsgd_local_update(probe, mx.nd.zeros(probe.shape), mx.nd.zeros(probe.shape),
-                                 mom, mom, out=probe, rescale_grad=1, clip_gradient=-1, lr=0.1,
-                                 momentum=0.9, wd=0, lam=0, adaptive=0, beta=0.9, eps=1e-7)
+        mx.nd.odsgd_multi_local_update(probe, mx.nd.zeros(probe.shape), mx.nd.zeros(mom.shape),
+                                       mom, mom, out=probe, num_arrays=1, lrs=0.1, wds=0,
+                                       send=0, rescale_grad=1, clip_gradient=-1, momentum=0.9,
+                                       lam=0, adaptive=0, beta=0.9, eps=1e-7)
         mx.nd.waitall()
 
     weights = _conv_net_after_inference(seed=4)

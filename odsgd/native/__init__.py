@@ -2,16 +2,18 @@
 
     python -m odsgd.native build         # or `make native`: compiles odsgd/lib/libodsgd_ext.so
     python -m odsgd.native check-cuda    # compiles and links the CUDA kernels, installs nothing
+    python -m odsgd.native check-gpu     # runs the CUDA kernels on this machine's GPU (no MXNet)
 
 The library is an MXNet extension library (MXNet's ``include/mxnet/lib_api.h``), compiled
 against the headers and ``src/lib_api.cc`` of the MXNet wheel installed in the same
-environment and loaded with ``mx.library.load``. Its operators are the OD-phase local steps
-of SPEC.md section 2 ('sgd' and 'predict'), each one pass over memory that updates the
-weights and their states in place, for one array or for many in one call, and the gather /
-scatter of arrays to and from one flat buffer. Python faces (full docstrings in ops.py):
+environment and loaded with ``mx.library.load``. Its operators are one family: the OD-phase
+local steps of SPEC.md section 2 ('sgd', 'predict', and 'predict' for NAG) on a group of
+arrays in one call, each one pass over memory that updates the weights and their states in
+place, and the gather / scatter of arrays to and from one flat buffer. Python faces (full
+docstrings in ops.py):
 
-    local_update_, predict_update_     one array
     multi_update_(kind, ...)           P arrays in one operator call (per-array lr and wd)
+    local_update_, predict_update_     one array: multi_update_ with P = 1
     gather_, scatter_                  arrays <-> one flat buffer, one operator call
     accepts(arrays)                    whether the operators take these arrays
 
@@ -20,7 +22,8 @@ warning and returns False, and odsgd.local_update uses its NDArray fallback; a l
 for another MXNet version raises ImportError naming the rebuild command.
 
 Modules: library (paths, versions, build record), loader (load and the loaded state), build
-(compiler driver, `python -m odsgd.native`), ops (call wrappers), layout (MKL-DNN layouts).
+(compiler driver, `python -m odsgd.native`), ops (call wrappers), layout (MKL-DNN layouts),
+gpu_check (`check-gpu`: the CUDA kernels against a NumPy reference, and their bandwidth).
 
 Environment: ``ODSGD_NATIVE_LIB`` loads the library from another path (its build_info.json
 must sit beside it); ``ODSGD_NATIVE_CXXFLAGS`` adds compiler flags to a build (e.g.

@@ -2,11 +2,13 @@
 
     python -m odsgd.native build [--cuda auto|on|off] [--quiet]
     python -m odsgd.native check-cuda [--nvcc PATH] [--mxnet-include DIR]
+    python -m odsgd.native check-gpu [--nvcc PATH] [--repeats N]     (see gpu_check.py)
 
 `build` writes odsgd/lib/libodsgd_ext.so and its build record (build_info.json);
-`check-cuda` compiles the CUDA kernels and links a CUDA library in a scratch folder without
-installing anything, so that a machine without a GPU (CI) still checks that the CUDA source
-compiles. mxnet is imported inside the functions only (see the package docstring).
+`check-cuda` compiles the CUDA kernels and links a CUDA library, and the check-gpu driver
+with them, in a scratch folder without installing anything, so that a machine without a GPU
+(CI) still checks that the CUDA source compiles. mxnet is imported inside the functions only
+(see the package docstring).
 """
 import argparse
 import datetime
@@ -21,7 +23,8 @@ import sys
 import tempfile
 import time
 
-from .library import BUILD_INFO_NAME, LIB_DIR, LIB_NAME, SOURCE_DIR, release, sources
+from .library import (BUILD_INFO_NAME, GPU_CHECK_DRIVER, LIB_DIR, LIB_NAME, SOURCE_DIR, release,
+                      sources)
 
 # Architectures a CUDA build targets when ODSGD_CUDA_ARCH is unset, kept to those the nvcc
 # at hand supports: V100, T4, A100, A10/RTX 30, L4/RTX 40, H100/H200.
@@ -81,11 +84,14 @@ def _first_line(command):
     return out.strip().splitlines()[0] if out.strip() else None
 
 
-def _cuda_gencode(nvcc):
-    """nvcc -gencode flags: $ODSGD_CUDA_ARCH ('80;90'), else DEFAULT_CUDA_ARCHS that this
-    nvcc supports; SASS for each plus PTX of the newest, which newer GPUs JIT-compile."""
+def _cuda_gencode(nvcc, archs=None):
+    """nvcc -gencode flags: `archs` (e.g. [90]) when given, else $ODSGD_CUDA_ARCH ('80;90'),
+    else DEFAULT_CUDA_ARCHS that this nvcc supports; SASS for each plus PTX of the newest,
+    which newer GPUs JIT-compile."""
     requested = os.environ.get("ODSGD_CUDA_ARCH")
-    if requested:
+    if archs:
+        archs = list(archs)
+    elif requested:
         archs = [int(a) for a in re.split(r"[;,\s]+", requested.strip()) if a]
     else:
         listed = subprocess.run([nvcc, "--list-gpu-arch"], stdout=subprocess.PIPE,
@@ -179,23 +185,42 @@ def _find_cxx():
     return cxx
 
 
-def _compile_cuda(nvcc, scratch, verbose):
-    """Compiles every kvstore_ext/*.cu into `scratch`; returns (objects, last command,
+def _compile_cuda(nvcc, scratch, verbose, archs=None, with_driver=False):
+    """Compiles the library's kvstore_ext/*.cu (and with `with_driver` the check-gpu driver,
+    last) into `scratch`; returns (objects, the last library source's command,
     architectures, link flags)."""
-    gencode, archs = _cuda_gencode(nvcc)
+    gencode, archs = _cuda_gencode(nvcc, archs)
     host = _host_compiler_flags(nvcc, verbose)
-    objects, command = [], None
-    for src in sources(".cu"):
+    objects, library_command = [], None
+    driver = [os.path.join(SOURCE_DIR, GPU_CHECK_DRIVER)] if with_driver else []
+    for src in sources(".cu") + driver:
         obj = os.path.join(scratch, os.path.basename(src) + ".o")
         command = ([nvcc, "-c", "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-DODSGD_WITH_CUDA"]
                    + host + gencode + shlex.split(os.environ.get("ODSGD_NVCC_FLAGS", ""))
                    + [src, "-o", obj])
         _run(command, verbose, "nvcc")
         objects.append(obj)
+        library_command = library_command if src in driver else command
     # The CUDA runtime is linked statically, so the library does not depend on which
     # libcudart (if any) the MXNet wheel found.
     link = ["-L", _cuda_library_dir(nvcc), "-lcudart_static", "-ldl", "-lrt", "-lpthread"]
-    return objects, command, archs, link
+    return objects, library_command, archs, link
+
+
+def _link_driver(cxx, objects, folder, link, verbose):
+    """Links the check-gpu driver (objects from _compile_cuda(..., with_driver=True)) into
+    the executable `folder`/odsgd_gpu_check; returns its path."""
+    output = os.path.join(folder, "odsgd_gpu_check")
+    _run([cxx] + objects + ["-o", output] + link, verbose, "link driver")
+    return output
+
+
+def build_gpu_check_driver(nvcc, folder, archs=None, verbose=True):
+    """Compiles the CUDA kernels and kvstore_ext/gpu_check_driver.cu into the standalone
+    executable `folder`/odsgd_gpu_check (no MXNet needed; `archs` as in _cuda_gencode);
+    returns (path, architectures). NativeBuildError on a compile or link error."""
+    objects, _, archs, link = _compile_cuda(nvcc, folder, verbose, archs, with_driver=True)
+    return _link_driver(_find_cxx(), objects, folder, link, verbose), archs
 
 
 def _link_command(cxx, flags, include_dir, lib_api_cc, objects, output, link):
@@ -310,9 +335,10 @@ def build(cuda="auto", verbose=True):
 
 
 def check_cuda(nvcc=None, include_dir=None, verbose=True):
-    """Compiles the CUDA kernels and links a complete CUDA library (both .cc files with
-    -DODSGD_WITH_CUDA, lib_api.cc, the static CUDA runtime) in a scratch folder, then
-    deletes it: installs nothing, needs no GPU and no CUDA build of MXNet.
+    """Compiles the CUDA kernels and links a complete CUDA library (the .cc files with
+    -DODSGD_WITH_CUDA, lib_api.cc, the static CUDA runtime), and the check-gpu driver with
+    the same kernels, in a scratch folder, then deletes it: installs nothing, needs no GPU
+    and no CUDA build of MXNet.
 
     Parameters
     ----------
@@ -348,13 +374,15 @@ def check_cuda(nvcc=None, include_dir=None, verbose=True):
     _say(verbose, "checking the CUDA kernels with nvcc %s (%s)"
          % ("%d.%d" % version if version else "?", nvcc))
     with tempfile.TemporaryDirectory(prefix="odsgd-cuda-check-") as scratch:
-        objects, cuda_command, archs, link = _compile_cuda(nvcc, scratch, verbose)
+        objects, cuda_command, archs, link = _compile_cuda(nvcc, scratch, verbose,
+                                                           with_driver=True)
         # -O0: the check is for compile and link errors; optimising would triple its time.
         command = _link_command(cxx, _cxx_flags(cxx) + ["-DODSGD_WITH_CUDA", "-O0"], include_dir,
-                                lib_api_cc, objects, os.path.join(scratch, LIB_NAME), link)
+                                lib_api_cc, objects[:-1], os.path.join(scratch, LIB_NAME), link)
         _run(command, verbose, "link")
+        _link_driver(cxx, objects, scratch, link, verbose)
     seconds = time.time() - started
-    _say(verbose, "CUDA kernels compile and link (sm_%s) in %.1f s"
+    _say(verbose, "CUDA kernels and the check-gpu driver compile and link (sm_%s) in %.1f s"
          % (", sm_".join(str(a) for a in archs), seconds))
     return {"nvcc": "%d.%d" % version if version else None, "archs": archs,
             "cuda_command": shlex.join(cuda_command), "link_command": shlex.join(command),
@@ -375,7 +403,7 @@ def _check_cu112_interface(include_dir):
 
 
 def main(argv=None):
-    """`python -m odsgd.native build|check-cuda ...`; returns the exit status."""
+    """`python -m odsgd.native build|check-cuda|check-gpu ...`; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m odsgd.native",
                                      description="Build the fused OD-SGD operators "
                                                  "(kvstore_ext/) against the installed MXNet.")
@@ -392,7 +420,19 @@ def main(argv=None):
                               help="MXNet include folder to build against (default: the "
                                    "installed MXNet's)")
     check_parser.add_argument("--quiet", action="store_true", help="print errors only")
+    gpu_parser = commands.add_parser("check-gpu", help="run the CUDA kernels on this machine's "
+                                     "GPU against a NumPy reference and time them (no MXNet "
+                                     "needed); one line and exit 0 without a GPU or nvcc")
+    gpu_parser.add_argument("--nvcc", help="nvcc to use (default: .venv/cuda's, else nvcc on "
+                                           "PATH, else /usr/local/cuda/bin/nvcc)")
+    gpu_parser.add_argument("--repeats", type=int, default=20,
+                            help="timed calls per kernel (default 20)")
+    gpu_parser.add_argument("--quiet", action="store_true",
+                            help="no compiler commands, only the results")
     args = parser.parse_args(argv)
+    if args.command == "check-gpu":
+        from .gpu_check import check_gpu
+        return check_gpu(nvcc=args.nvcc, repeats=args.repeats, verbose=not args.quiet)
     try:
         if args.command == "build":
             build(cuda=args.cuda, verbose=not args.quiet)

@@ -14,11 +14,12 @@ SOURCE_DIR = os.path.join(os.path.dirname(PACKAGE_DIR), "kvstore_ext")
 LIB_DIR = os.path.join(PACKAGE_DIR, "lib")
 LIB_NAME = "libodsgd_ext.so"
 BUILD_INFO_NAME = "build_info.json"
+#: the standalone CUDA test driver of `python -m odsgd.native check-gpu`, in kvstore_ext/
+GPU_CHECK_DRIVER = "gpu_check_driver.cu"
 REBUILD_HINT = "rebuild it with `make native` or `python -m odsgd.native build`"
 #: every operator the library registers; load() checks that all of them appeared
-OP_NAMES = ("odsgd_local_update", "odsgd_predict_update", "odsgd_multi_local_update",
-            "odsgd_multi_predict_update", "odsgd_multi_nag_predict_update", "odsgd_gather",
-            "odsgd_scatter")
+OP_NAMES = ("odsgd_multi_local_update", "odsgd_multi_predict_update",
+            "odsgd_multi_nag_predict_update", "odsgd_gather", "odsgd_scatter")
 
 
 def library_path():
@@ -53,9 +54,9 @@ def read_build_info(lib_path):
 
 
 def sources(suffix):
-    """Sorted absolute paths of kvstore_ext/*<suffix> ('.cc' or '.cu'); [] outside a source
-    checkout."""
+    """Sorted absolute paths of the library's kvstore_ext/*<suffix> ('.cc' or '.cu'), without
+    the check-gpu driver (a program of its own); [] outside a source checkout."""
     if not os.path.isdir(SOURCE_DIR):
         return []
     return sorted(os.path.join(SOURCE_DIR, name) for name in os.listdir(SOURCE_DIR)
-                  if name.endswith(suffix))
+                  if name.endswith(suffix) and name != GPU_CHECK_DRIVER)

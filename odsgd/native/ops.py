@@ -1,5 +1,5 @@
-"""Python faces of the library operators: single-array and multi-array local updates,
-gather and scatter, and `accepts` (which arrays they take).
+"""Python faces of the library operators: the multi-array local updates (one array is a
+group of one), gather and scatter, and `accepts` (which arrays they take).
 
 Every call goes straight to MXNet's C API (`MXImperativeInvokeEx`, the function behind every
 `mx.nd.<op>`), with the operator handle looked up once and the attribute strings cached, so
@@ -67,10 +67,10 @@ def _attributes(items):
 
 
 def _invoke(name, inputs, outputs, items):
-    """Runs operator `name` on NDArrays `inputs`, writing into NDArrays `outputs`."""
+    """Runs operator `name` on `inputs` (NDArray handles), writing into NDArrays `outputs`."""
     lib, ndarray_handle, check_call = _c_api()
     count, keys, values = _attributes(items)
-    in_handles = (ndarray_handle * len(inputs))(*[a.handle for a in inputs])
+    in_handles = (ndarray_handle * len(inputs))(*inputs)
     out_handles = (ndarray_handle * len(outputs))(*[a.handle for a in outputs])
     out_pointer = ctypes.cast(out_handles, ctypes.POINTER(ndarray_handle))
     num_outputs = ctypes.c_int(len(outputs))
@@ -128,11 +128,12 @@ def accepts(arrays):
 
 
 # ------------------------------------------------------------------------------------------
-# Single-array operators
+# One array: the multi-array operators with P = 1
 
 def local_update_(weight, grad, global_weight, mom, var, *, rescale_grad, clip_gradient, lr,
                   momentum, wd, lam, adaptive, beta, eps):
-    """The local SGD step of OD-SGD (SPEC.md section 2), fused, in place.
+    """The local SGD step of OD-SGD (SPEC.md section 2), fused, in place, on one array: the
+    multi-array operator with P = 1 (`multi_update_('sgd', [weight], ...)`).
 
     Per element, in float32, in one pass over memory::
 
@@ -146,15 +147,15 @@ def local_update_(weight, grad, global_weight, mom, var, *, rescale_grad, clip_g
     Parameters
     ----------
     weight : NDArray, float32, any shape S
-        w_t on entry, w_{t+1} on return (updated in place: the operator writes out=weight).
+        w_t on entry, w_{t+1} on return (updated in place).
         May be in an MKL-DNN layout (it is reordered to the default layout first).
     grad : NDArray, float32, shape S
         The worker's raw gradient grad_t (before rescale_grad).
-    global_weight : NDArray, float32, shape S
+    global_weight : NDArray, float32, S.size elements
         W_t, the newest global weights the worker holds. Read only.
-    mom : NDArray, float32, shape S
+    mom : NDArray, float32, S.size elements
         The worker's momentum m for this key (starts at 0); updated in place.
-    var : NDArray, float32, shape S, or None
+    var : NDArray, float32, S.size elements, or None
         The adaptive mode's v (starts at 0); updated in place when `adaptive`. When not
         adaptive it is never touched: None (or any float32 array) will do.
     rescale_grad : float
@@ -175,20 +176,20 @@ def local_update_(weight, grad, global_weight, mom, var, *, rescale_grad, clip_g
     NDArray
         `weight` itself.
 
-    All arrays share one context and must not overlap in memory (global_weight may be any
-    read-only array). Raises MXNetError for other dtypes or shapes; requires `load()`.
+    global_weight, mom and var are passed as flat views (same memory) of themselves, so any
+    shape with the weight's number of elements will do. All arrays share one context and
+    must not overlap in memory (global_weight may be any read-only array). Raises MXNetError
+    for other dtypes or sizes, naming the array as `multi_update_` does; requires `load()`.
     """
-    var = _var_or_placeholder(var, weight, adaptive, "local_update_", "var")
-    layout.to_default_layout((weight,), weight.context)
-    items = _common_items(rescale_grad, clip_gradient, momentum, lam, adaptive, beta, eps) + (
-        ("lr", _number(lr)), ("wd", _number(wd)))
-    _invoke("odsgd_local_update", (weight, grad, global_weight, mom, var), (weight,), items)
-    return weight
+    return _one_array("sgd", "local_update_", weight, grad, (global_weight, mom), var, adaptive,
+                      (lr, wd), _common_items(rescale_grad, clip_gradient, momentum, lam,
+                                              adaptive, beta, eps), 1)
 
 
 def predict_update_(weight, grad, global_weight, prev_global_weight, var, *, rescale_grad,
                     clip_gradient, lr, momentum, wd, lam, adaptive, beta, eps, num_workers):
-    """The 'predict' local step of OD-SGD (SPEC.md section 2), fused, in place.
+    """The 'predict' local step of OD-SGD (SPEC.md section 2), fused, in place, on one array:
+    the multi-array operator with P = 1 (`multi_update_('predict', [weight], ...)`).
 
     Predicts the global SGD update that has not arrived yet. Per element, in float32::
 
@@ -202,11 +203,11 @@ def predict_update_(weight, grad, global_weight, prev_global_weight, var, *, res
         w_t on entry, w_{t+1} on return (updated in place; any layout, as in local_update_).
     grad : NDArray, float32, shape S
         The worker's raw gradient grad_t.
-    global_weight : NDArray, float32, shape S
+    global_weight : NDArray, float32, S.size elements
         W_t, the newest global weights. Read only.
-    prev_global_weight : NDArray, float32, shape S
+    prev_global_weight : NDArray, float32, S.size elements
         W_{t-1}; pass global_weight itself when no earlier global weights exist. Read only.
-    var : NDArray, float32, shape S, or None
+    var : NDArray, float32, S.size elements, or None
         v of the adaptive mode, updated in place when `adaptive`; None allowed otherwise.
     rescale_grad, clip_gradient, lam, adaptive, beta, eps
         As in `local_update_`.
@@ -220,22 +221,65 @@ def predict_update_(weight, grad, global_weight, prev_global_weight, var, *, res
     NDArray
         `weight` itself.
     """
-    var = _var_or_placeholder(var, weight, adaptive, "predict_update_", "var")
-    layout.to_default_layout((weight,), weight.context)
-    items = _common_items(rescale_grad, clip_gradient, momentum, lam, adaptive, beta, eps) + (
-        ("lr", _number(lr)), ("wd", _number(wd)), ("num_workers", str(int(num_workers))))
-    _invoke("odsgd_predict_update", (weight, grad, global_weight, prev_global_weight, var),
-            (weight,), items)
+    return _one_array("predict", "predict_update_", weight, grad,
+                      (global_weight, prev_global_weight), var, adaptive, (lr, wd),
+                      _common_items(rescale_grad, clip_gradient, momentum, lam, adaptive, beta,
+                                    eps), num_workers)
+
+
+def _one_array(kind, caller, weight, grad, states, var, adaptive, rates, common, num_workers):
+    """The operator of `kind` with P = 1; returns `weight`. `states` (W and mom or W_prev,
+    any shapes) and var (when adaptive; else unused, and never reshaped) are passed as flat
+    views of themselves; `rates` is (lr, wd)."""
+    context = weight.context
+    var = _var_or_placeholder(var, context, adaptive, caller, "var")
+    views = _flat_views(states + (var,) if adaptive else states)
+    try:
+        _update(kind, [weight], [grad], views if adaptive else views + [var.handle], None,
+                context, (("lrs", _number(rates[0])), ("wds", _number(rates[1]))), common,
+                num_workers)
+    finally:
+        _free(views)
     return weight
 
 
-def _var_or_placeholder(var, weight, adaptive, caller, name):
+_FLAT = (ctypes.c_int64 * 1)(-1)
+
+
+def _flat_views(arrays):
+    """Handles of 1-D views of `arrays`, as the multi-array operators take the states: same
+    memory and same MXNet engine variable, so writes through a view reach the array and are
+    ordered with its other users. MXNet 1.9.1's C API directly (include/mxnet/c_api.h:
+    MXNDArrayReshape64, what NDArray.reshape calls, and MXNDArrayFree in _free): an NDArray
+    object per view, with NDArray.reshape's own checks, cost a third of a small update."""
+    lib, ndarray_handle, check_call = _c_api()
+    views = []
+    try:
+        for array in arrays:
+            views.append(ndarray_handle())
+            check_call(lib.MXNDArrayReshape64(array.handle, 1, _FLAT, False,
+                                              ctypes.byref(views[-1])))
+    except Exception:
+        _free(views[:-1])
+        raise
+    return views
+
+
+def _free(handles):
+    """Frees view handles from _flat_views. An operator already pushed with them keeps its
+    own references to the arrays (MXNet's engine copies the NDArrays it runs on)."""
+    lib, _, check_call = _c_api()
+    for handle in handles:
+        check_call(lib.MXNDArrayFree(handle))
+
+
+def _var_or_placeholder(var, context, adaptive, caller, name):
     if var is not None:
         return var
     if adaptive:
         raise TypeError("odsgd.native.%s: %s is required when adaptive is true (an array "
                         "holding v, laid out like the weights)" % (caller, name))
-    return _placeholder(weight.context)
+    return _placeholder(context)
 
 
 # ------------------------------------------------------------------------------------------
@@ -247,8 +291,8 @@ def multi_update_(kind, weights, grads, global_flat, *, prev_global_flat=None, m
                   num_workers=1):
     """The local step of OD-SGD (SPEC.md section 2) on P arrays at once: one operator call.
 
-    The per-element math is exactly `local_update_` (kind 'sgd') or `predict_update_`
-    (kind 'predict'), array k with lr = lrs[k] and wd = wds[k]. Kind 'nag_predict' is the
+    The per-element math is `local_update_`'s (kind 'sgd') or `predict_update_`'s (kind
+    'predict'; both are this function with P = 1), array k with lr = lrs[k] and wd = wds[k]. Kind 'nag_predict' is the
     'predict' step for the global optimizer NAG (docs/predict.md), per element in float32::
 
         g, c, gc as in `predict_update_` (v updated first when adaptive)
@@ -351,22 +395,28 @@ def multi_update_(kind, weights, grads, global_flat, *, prev_global_flat=None, m
                 raise TypeError("odsgd.native.multi_update_: kind %r does not use %s; pass "
                                 "None" % (kind, name))
     context = global_flat.context
-    var_flat = _var_or_placeholder(var_flat, global_flat, adaptive, "multi_update_",
-                                   "var_flat")
+    var_flat = _var_or_placeholder(var_flat, context, adaptive, "multi_update_", "var_flat")
+    flats = [a.handle for a in (global_flat, aux, var_flat)
+             + ((est_flat,) if kind == "nag_predict" else ())]
+    rates = (("lrs", _rate_list(list(lrs))), ("wds", _rate_list(list(wds))))
+    if kind == "nag_predict":
+        rates += (("prev_decays", _rate_list(list(prev_decays))),)
+    return _update(kind, weights, grads, flats, send_flat, context, rates, _common_items(
+        rescale_grad, clip_gradient, momentum, lam, adaptive, beta, eps), num_workers)
+
+
+def _update(kind, weights, grads, flats, send_flat, context, rates, common, num_workers):
+    """Runs the operator of `kind` on checked arguments: `flats` are the handles of its flat
+    inputs in order, `rates` the per-array attributes, `common` _common_items(...)."""
     send = send_flat is not None
-    items = (("num_arrays", str(num)), ("lrs", _rate_list(list(lrs))),
-             ("wds", _rate_list(list(wds))), ("send", "1" if send else "0")) + _common_items(
-        rescale_grad, clip_gradient, momentum, lam, adaptive, beta, eps)
+    items = (("num_arrays", str(len(weights))),) + rates + (
+        ("send", "1" if send else "0"),) + common
     if kind != "sgd":
         items += (("num_workers", str(int(num_workers))),)
-    if kind == "nag_predict":
-        items += (("prev_decays", _rate_list(list(prev_decays))),)
     layout.to_default_layout(weights, context)
-    inputs = list(weights)
-    inputs += grads
-    inputs += (global_flat, aux, var_flat)
-    if kind == "nag_predict":
-        inputs.append(est_flat)
+    inputs = [a.handle for a in weights]
+    inputs += [a.handle for a in grads]
+    inputs += flats
     # send_flat is an output: MXNet records an operator's failure on its outputs only, so a
     # push of send_flat after a failed call is skipped with the error, never sends stale data.
     outputs = list(weights) + [send_flat] if send else weights
@@ -390,7 +440,8 @@ def gather_(arrays, flat):
     Returns `flat`. MXNetError for other dtypes or a wrong length."""
     if not arrays:
         raise ValueError("odsgd.native.gather_: no arrays; pass at least one")
-    _invoke("odsgd_gather", arrays, (flat,), (("num_arrays", str(len(arrays))),))
+    _invoke("odsgd_gather", [a.handle for a in arrays], (flat,),
+            (("num_arrays", str(len(arrays))),))
     return flat
 
 
@@ -407,7 +458,6 @@ def scatter_(flat, arrays):
     if not arrays:
         raise ValueError("odsgd.native.scatter_: no arrays; pass at least one")
     layout.to_default_layout(arrays, flat.context)
-    inputs = [flat]
-    inputs += arrays
-    _invoke("odsgd_scatter", inputs, arrays, (("num_arrays", str(len(arrays))),))
+    _invoke("odsgd_scatter", [flat.handle] + [a.handle for a in arrays], arrays,
+            (("num_arrays", str(len(arrays))),))
     return arrays

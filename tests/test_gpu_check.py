@@ -1,0 +1,79 @@
+"""`python -m odsgd.native check-gpu` (odsgd/native/gpu_check.py, kvstore_ext/gpu_check_driver.cu).
+
+On a machine without a GPU (CI, this one) the command must say so in one line and exit 0;
+with nvcc at hand (.venv/cuda, what `make cuda-check` installs) its driver must compile and
+link with the CUDA kernels, and, run without a GPU, must say so instead of failing. Where a
+GPU is present the whole check runs and must pass. The NumPy reference the check holds the
+GPU to is itself checked here against the test suite's reference (tests/od_reference.py).
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import od_reference as ref
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NVCC = os.path.join(REPO, ".venv", "cuda", "nvidia", "cu13", "bin", "nvcc")
+
+
+def _check_gpu(*args, path=None, timeout=1200):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    if path is not None:
+        env["PATH"] = path
+    return subprocess.run([sys.executable, "-m", "odsgd.native", "check-gpu", "--quiet"]
+                          + list(args), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, universal_newlines=True, timeout=timeout)
+
+
+def _has_gpu():
+    from odsgd.native.gpu_check import find_gpu
+    return find_gpu()[0] is not None
+
+
+def test_check_gpu_on_this_machine():
+    """Without a GPU (CI, this machine): one line naming why, exit status 0. With one: the
+    whole check runs and every call matches the NumPy reference."""
+    if _has_gpu():
+        result = _check_gpu("--repeats", "5")
+        assert result.returncode == 0, result.stdout
+        assert "calls match the NumPy reference" in result.stdout
+        return
+    result = _check_gpu()
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0, result.stdout
+    assert len(lines) == 1, result.stdout
+    assert lines[0].startswith("odsgd.native check-gpu: skipped: no GPU (")
+    assert "nvidia-smi" in lines[0]
+
+
+def test_without_nvcc_it_says_so_in_one_line(tmp_path):
+    """A (fake) GPU but no nvcc: one line naming both, exit status 0."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'Fake GPU, 550.54, 9.0'\n")
+    smi.chmod(0o755)
+    result = _check_gpu("--nvcc", str(tmp_path / "no-such-nvcc"),
+                        path=str(tmp_path) + os.pathsep + os.environ["PATH"], timeout=120)
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0, result.stdout
+    assert len(lines) == 1, result.stdout
+    assert lines[0].startswith("odsgd.native check-gpu: skipped: no nvcc (")
+    assert "no-such-nvcc" in lines[0] and "Fake GPU" in lines[0]
+
+
+@pytest.mark.skipif(not os.path.exists(NVCC), reason="no nvcc in .venv/cuda (make cuda-check)")
+def test_the_driver_compiles_and_reports_a_missing_device(tmp_path):
+    """The driver and the kernels compile and link as check-cuda compiles them (one
+    architecture here, to keep it short); without a device the driver exits 2 with a line."""
+    from odsgd.native.build import build_gpu_check_driver
+    driver, archs = build_gpu_check_driver(NVCC, str(tmp_path), archs=[90], verbose=False)
+    assert archs == [90] and os.access(driver, os.X_OK)
+    if _has_gpu():
+        return
+    result = subprocess.run([driver, "run", str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout.startswith("no CUDA device: ")
