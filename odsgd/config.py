@@ -221,3 +221,10 @@ def metrics_interval(environ=None):
     environ = os.environ if environ is None else environ
     return _count(environ, "ODSGD_METRICS_INTERVAL", 0,
                   "steps between overlap measurements; 0 turns them off")
+
+
+def timeline_path(environ=None):
+    """Where a worker writes its profiler trace (ODSGD_TIMELINE, odsgd/timeline.py), or None
+    when unset or empty: then nothing is recorded."""
+    environ = os.environ if environ is None else environ
+    return (environ.get("ODSGD_TIMELINE") or "").strip() or None

@@ -10,6 +10,87 @@ from odsgd.bench.throughput_job import mlp_parameter_count
 pytestmark = pytest.mark.timeout(400)
 
 HIDDEN, WORKERS, BANDWIDTH = 128, 2, 100
+M = 10 ** 6                        # bytes of parameters, for the closed forms below
+B_MBIT = 1000                      # R = 125e6 bytes/s: M takes 8 ms on one queue
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("topology,workers,servers,full_ms,half_ms", [
+    # hosts: max(M/R, N*M/(S*R)), R the rate of one NIC direction; the half-duplex figure
+    # counts both directions of that NIC
+    ("hosts", 2, 1, 16.0, 32.0),       # the server NIC: 2 M in, 2 M out, at once
+    ("hosts", 4, 2, 16.0, 32.0),       # each server NIC: 4 M / 2
+    ("hosts", 1, 1, 8.0, 16.0),        # worker and server NIC alike: M each way
+    ("hosts", 1, 2, 8.0, 16.0),        # the worker's NIC: M up, M down; servers M/2 each
+    ("hosts", 3, 2, 12.0, 24.0),       # servers: 1.5 M each way
+    ("hosts", 2, 4, 8.0, 16.0),        # more servers than workers: the workers' NICs
+    # loopback: one tbf on lo's egress, which every push and pull passes once: 2 N M / B
+    ("loopback", 2, 1, 32.0, 32.0),
+    ("loopback", 4, 2, 64.0, 64.0),
+    ("loopback", 1, 1, 16.0, 16.0),
+])
+def test_link_bound_closed_forms(topology, workers, servers, full_ms, half_ms):
+    from odsgd.bench.jobs import link_step_seconds, step_wire_bits, step_wire_bytes
+    assert link_step_seconds(topology, workers, servers, M, B_MBIT) == \
+        pytest.approx(full_ms / 1e3)
+    assert link_step_seconds(topology, workers, servers, M, B_MBIT, duplex="half") == \
+        pytest.approx(half_ms / 1e3)
+    assert step_wire_bytes(topology, workers, servers, M) == pytest.approx(full_ms * M / 8)
+    assert step_wire_bits(topology, workers, servers, M) == pytest.approx(full_ms * M)
+    assert link_step_seconds(topology, workers, servers, M, 0) is None     # unshaped
+
+
+@pytest.mark.timeout(30)
+def test_link_bound_refuses_unknown_inputs():
+    from odsgd.bench.jobs import step_wire_bytes
+    for bad in [("ring", 2, 1, M), ("hosts", 0, 1, M), ("hosts", 2, 0, M)]:
+        with pytest.raises(ValueError):
+            step_wire_bytes(*bad)
+    with pytest.raises(ValueError):
+        step_wire_bytes("hosts", 2, 1, M, duplex="simplex")
+
+
+@pytest.mark.timeout(30)
+def test_bound_fields_and_table(capsys):
+    """The summary of a made-up run (no jobs): hosts, N=2, S=1, M=1 MB at 1000 Mbit/s, batch
+    100 per worker: t_link 16 ms, link bound 200 / 0.016 = 12500 samples/s, half-duplex 6250.
+    Repeats at 10000 samples/s on 1 of 2 cores (CPU bound 20000) and at 4000 on 2 of 2 cores
+    (CPU bound 4000): bound min(20000, 12500) = 12500 and 4000, median 8250."""
+    import argparse
+    from odsgd.bench import throughput
+    args = argparse.Namespace(workers=2, servers=1, batch_size=100, topology="hosts",
+                              model="mlp", mlp_hidden=8, dense_layers=1, dense_width=1,
+                              image_size=8, cores=2)
+    compute = {"t_comp": 0.01, "parameter_arrays": 2, "parameter_bytes": M}
+    cores = [{"worker": 0.75, "server": 0.25}, {"worker": 1.5, "server": 0.5}]
+    runs = throughput._summarise(args, B_MBIT, {"dist_sync": [10000.0, 4000.0]}, compute,
+                                 0.02, [], {"dist_sync": cores})
+    runs += throughput._summarise(args, 0, {"dist_sync": [10000.0, 4000.0]}, compute,
+                                  0.005, [], {"dist_sync": cores})
+    shaped, unshaped = runs
+    assert (shaped["topology"], shaped["workers"], shaped["servers"],
+            shaped["parameter_bytes"], shaped["link_bytes_per_sec"]) == \
+        ("hosts", 2, 1, M, 125e6)
+    assert shaped["link_formula"] == "max(M/R, N*M/(S*R))"
+    assert shaped["wire_bytes_per_step"] == 2 * M
+    assert shaped["wire_seconds"] == pytest.approx(0.016)
+    assert shaped["half_duplex_wire_seconds"] == pytest.approx(0.032)
+    assert shaped["link_bound_samples_per_sec"] == pytest.approx(12500)
+    assert shaped["half_duplex_link_bound_samples_per_sec"] == pytest.approx(6250)
+    assert shaped["cpu_bound_samples_per_sec"] == pytest.approx(12000)    # median(20000, 4000)
+    assert shaped["bound_samples_per_sec"] == pytest.approx(8250)
+    assert shaped["half_duplex_bound_samples_per_sec"] == pytest.approx(5125)  # (6250+4000)/2
+    assert unshaped["link_bound_samples_per_sec"] is None
+    assert unshaped["bound_samples_per_sec"] == pytest.approx(12000)
+    throughput.print_table(runs)
+    table = capsys.readouterr().out
+    header = next(line for line in table.splitlines() if "x bound" in line)
+    assert "link bnd" in header and "CPU bnd" in header
+    row = next(line for line in table.splitlines()
+               if "dist_sync" in line and "Mbit/s" in line)
+    # link bound, CPU bound, bound and 7000 / 8250 = 0.85 beside it
+    assert "12500.0" in row and "12000.0" in row and "8250.0" in row and " 0.85 " in row
+    assert "max(M/R, N*M/(S*R)) = 16.0 ms" in table and "half-duplex 6250.0" in table
 
 
 def namespaces():
@@ -46,6 +127,27 @@ def test_throughput_benchmark_tiny(tmp_path):
     step_bits = 2 * WORKERS * 4 * mlp_parameter_count(HIDDEN) * 8
     shaped = next(r for r in runs if r["bandwidth_mbit"] == BANDWIDTH)
     assert shaped["t_comm"] >= 0.8 * step_bits / (BANDWIDTH * 1e6)
+    # The bound's fields: the link of the one shaped loopback queue (2 N M / B, whatever the
+    # duplex), the CPU bound beside it, and "x bound" against min(CPU, link).
+    assert "link bnd" in run.stdout and "CPU bnd" in run.stdout and "x bound" in run.stdout
+    for r in runs:
+        assert (r["topology"], r["workers"], r["servers"]) == ("loopback", WORKERS, 1)
+        assert r["parameter_bytes"] == 4 * mlp_parameter_count(HIDDEN)
+        assert r["link_formula"] == "2*N*M/R" and r["link_duplex"] == "full"
+        if r["bandwidth_mbit"] == 0:
+            assert r["link_bytes_per_sec"] is None and r["wire_seconds"] is None
+            assert r["link_bound_samples_per_sec"] is None
+            assert r["bound_samples_per_sec"] == r["cpu_bound_samples_per_sec"]
+            continue
+        assert r["link_bytes_per_sec"] == BANDWIDTH * 1e6 / 8
+        assert r["wire_seconds"] == pytest.approx(step_bits / (BANDWIDTH * 1e6))
+        assert r["half_duplex_wire_seconds"] == pytest.approx(r["wire_seconds"])
+        assert r["link_bound_samples_per_sec"] == pytest.approx(
+            WORKERS * 16 / r["wire_seconds"])
+        assert r["half_duplex_link_bound_samples_per_sec"] == pytest.approx(
+            r["link_bound_samples_per_sec"])
+        assert r["bound_samples_per_sec"] == pytest.approx(min(
+            r["cpu_bound_samples_per_sec"], r["link_bound_samples_per_sec"]))
     od = next(r for r in runs if r["mode"] == "dist_odsgd" and r["bandwidth_mbit"] == 0)
     assert od["overlap_mean_wait_s"] >= 0 and 0 <= od["overlap_hidden_fraction"] <= 1
     assert (tmp_path / "tp.png").stat().st_size > 10000    # the plot

@@ -82,6 +82,24 @@ def test_gluoncv_schedule_reaches_the_servers(tmp_path):
     assert_matches(results, history, W)
 
 
+def test_slow_worker_never_has_a_round_overtaken(tmp_path):
+    """Round integrity of the pipelined exchange: worker 1 sleeps before every other step, so
+    worker 0's next push is ready long before worker 1's push of the round the servers are
+    collecting (they merge pushes by count). Every step of both workers, with momentum, wd,
+    a rate that changes every step and a server key per parameter, must still
+    be the NumPy simulation's; a push that overtook its round would mix two steps' gradients
+    in one update. The store's own API (one pushpull of both keys a step): the next gradient
+    needs only the last local step, so nothing but the exchange holds worker 0 back."""
+    from jobs.quadratic_job import gluoncv_schedule
+    options = dict(steps=14, lr=0.08, momentum=0.9, wd=1e-3, local_optimizer="predict")
+    results = run(tmp_path, api="store", env={"ODSGD_FUSION_ELEMENTS": "0"},
+                  gluoncv_warmup_steps=3, slow_rank=1, slow_seconds=0.4, **options)
+    reference = gluoncv_schedule(0.08, 3, 14)
+    history, W = simulate(2, **{k: v for k, v in options.items() if k != "steps"}, steps=14,
+                          lr_at=lambda t: reference(t + 1))
+    assert_matches(results, history, W)
+
+
 def test_lr_schedule_counts_global_steps(tmp_path):
     """A FactorScheduler halves the rate every 3 global steps on the servers, and
     trainer.learning_rate on the workers follows it."""

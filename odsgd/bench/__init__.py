@@ -10,6 +10,7 @@ SUBCOMMANDS = {
     "throughput": "odsgd.bench.throughput",    # SSGD vs ASGD vs OD-SGD on a shaped network
     "convergence": "odsgd.bench.convergence",  # accuracy per mode and seed
     "time-to-accuracy": "odsgd.bench.time_to_accuracy",  # accuracy against time, real images
+    "timeline": "odsgd.bench.timeline",        # a few steps per worker, per mode, drawn
 }
 
 

@@ -181,11 +181,55 @@ def job_placement(topology, bandwidth_mbit, workers, servers):
                                                                   topology))
 
 
-def step_wire_bits(topology, workers, servers, parameter_bytes):
-    """Bits that one global step puts through the busiest shaped queue. Every worker pushes
-    and pulls every parameter once a step. loopback: all of it goes through the one bucket;
-    hosts: each server's NIC carries its share of every worker's pushes in and of their
-    pulls out, both directions at once, so one direction's share counts."""
+#: the link models of the bound: "full" (a NIC's two directions are queues of their own that
+#: run at the same time, as the emulated hosts' are) and "half" (one medium per NIC for both
+#: directions, the two-direction count), kept so that older results stay comparable; the
+#: shaped loopback has one queue for everything, so both give the same there
+DUPLEX = ("full", "half")
+
+
+def step_wire_bytes(topology, workers, servers, parameter_bytes, duplex="full"):
+    """Bytes that one global step puts through the busiest shaped queue, every worker pushing
+    and pulling every parameter (M = `parameter_bytes`) once a step.
+
+    hosts (a NIC per process, shaped by one tbf per direction, see odsgd.emulate): a worker's
+    NIC carries M out (its push) and M in (its pull) at the same time; the S servers' NICs
+    together carry N*M in and N*M out, at best evenly, so the busiest direction of the busiest
+    NIC carries max(M, N*M/S). "half" counts both directions of that NIC: twice that.
+
+    loopback (one namespace whose `lo` is shaped by one tbf on its egress, see
+    shaped_namespace): every byte that any process sends, push or pull, leaves through that
+    one queue exactly once (received packets pass no qdisc), and there is no second direction
+    to run in parallel, so the one queue carries 2*N*M whatever S and whatever `duplex`."""
+    if duplex not in DUPLEX:
+        raise ValueError("duplex must be one of %s, got %r" % (", ".join(DUPLEX), duplex))
+    if workers < 1 or servers < 1 or parameter_bytes < 0:
+        raise ValueError("need workers >= 1, servers >= 1 and parameter_bytes >= 0")
     if topology == "loopback":
-        return 2 * workers * parameter_bytes * 8
-    return workers * parameter_bytes * 8 / servers
+        return 2 * workers * parameter_bytes
+    if topology == "hosts":
+        one_way = max(parameter_bytes, workers * parameter_bytes / servers)
+        return one_way if duplex == "full" else 2 * one_way
+    raise ValueError("topology must be one of %s, got %r" % (", ".join(TOPOLOGIES), topology))
+
+
+def step_wire_bits(topology, workers, servers, parameter_bytes, duplex="full"):
+    """step_wire_bytes in bits."""
+    return 8 * step_wire_bytes(topology, workers, servers, parameter_bytes, duplex)
+
+
+def link_bytes_per_sec(bandwidth_mbit):
+    """R: bytes/s of one shaped queue (one NIC direction, or the loopback) at `bandwidth_mbit`
+    (tc's mbit: 10^6 bits/s); None unshaped (0)."""
+    return bandwidth_mbit * 1e6 / 8 if bandwidth_mbit else None
+
+
+def link_step_seconds(topology, workers, servers, parameter_bytes, bandwidth_mbit,
+                      duplex="full"):
+    """The link's lower bound on one step's time: step_wire_bytes / R, i.e. on hosts
+    max(M / R, N * M / (S * R)) (full duplex), on loopback 2 * N * M / R, R the bytes/s
+    of one shaped queue (link_bytes_per_sec); None unshaped."""
+    rate = link_bytes_per_sec(bandwidth_mbit)
+    if rate is None:
+        return None
+    return step_wire_bytes(topology, workers, servers, parameter_bytes, duplex) / rate

@@ -12,11 +12,16 @@ own; 0 = unshaped) it measures:
 * dist_odsgd's own overlap meter: the mean time its local update waited for the previous pull,
   and the share of t_comm hidden, 1 - wait / t_comm;
 * the CPU each mode used: every process's CPU seconds in the timed window (odsgd.bench.cpu_meter,
-  from /proc), per role, as cores in use and CPU seconds per step; and the CPU-and-link bound,
-  min(samples/s x cores / cores in use, N B / wire time), the wire time being the bits of one
-  step's pushes and pulls (2 N x the parameters) at the shaped rate: how fast the job could
-  go on this machine's cores and this link, so that a mode that is below its ideal shows whether the CPU
-  or the network holds it back.
+  from /proc), per role, as cores in use and CPU seconds per step;
+* the bounds of each mode: the CPU bound, samples/s x cores / cores in use (cores over the CPU
+  seconds of a step); the link bound, N B / t_link, t_link being one step's bytes through the
+  busiest shaped queue over its rate R (--bandwidth-mbit / 8 bytes/s; on --topology hosts one
+  direction of a full-duplex NIC: max(M / R, N M / (S R)), M the parameters' bytes, S the
+  servers; on the one shaped loopback 2 N M / R, as that one queue carries every push and
+  every pull); and the bound min(CPU bound, link bound), which "x bound" compares against, so
+  that a mode that is below its ideal shows whether the CPU or the network holds it back. The
+  JSON also keeps the half-duplex figures (half_duplex_*: a NIC's pushes and pulls counted on
+  one medium, the two-direction count of earlier versions).
 
 Writes a table to the console, --json FILE (key "runs", one entry per mode and bandwidth) and
 a PNG plot beside it.
@@ -31,7 +36,7 @@ import time
 
 from .cpu_meter import JobCPUMeter
 from .jobs import (TOPOLOGIES, TOPOLOGY_HELP, JobFailed, job_environment, job_placement,
-                   run_job, step_wire_bits)
+                   link_bytes_per_sec, link_step_seconds, run_job, step_wire_bytes)
 from .throughput_job import MODEL_HELP
 
 MODES = ("dist_sync", "dist_async", "dist_odsgd")
@@ -187,35 +192,75 @@ def _bw(bandwidth):
     return "%5d Mbit/s" % bandwidth if bandwidth else "  unshaped  "
 
 
-def cpu_summary(rates, cores_per_repeat, cores, per_step, wire_seconds):
-    """CPU fields of one mode: median cores in use per role and in all, CPU seconds per step,
-    and the CPU-and-link bound min(rate x cores / cores in use, per_step / wire_seconds),
-    each repeat's bound from its own rate and CPU, then the median."""
+def cpu_summary(rates, cores_per_repeat, cores, per_step, wire_seconds,
+                half_duplex_wire_seconds=None):
+    """CPU and bound fields of one mode: median cores in use per role and in all, CPU seconds
+    per step, the CPU bound rate x cores / cores in use, the link bound per_step / wire_seconds
+    (one step's time on the link, full duplex; None unshaped) and the bound
+    min(CPU bound, link bound), each repeat's from its own rate and CPU, then the median. With
+    `half_duplex_wire_seconds`, the same link and combined bounds under the half-duplex
+    figure, as half_duplex_*."""
     roles = sorted({role for used in cores_per_repeat for role in used})
     total = [sum(used.values()) for used in cores_per_repeat]
     cpu_bounds = [rate * cores / used for rate, used in zip(rates, total) if used > 0]
     link_bound = per_step / wire_seconds if wire_seconds else None
+    half_link_bound = per_step / half_duplex_wire_seconds if half_duplex_wire_seconds else None
     entry = {"cores": cores,
              "cores_in_use": statistics.median(total) if total else None,
              "cores_in_use_by_role": {role: statistics.median(used.get(role, 0.0)
                                                               for used in cores_per_repeat)
                                       for role in roles},
-             "link_bound_samples_per_sec": link_bound}
+             "link_bound_samples_per_sec": link_bound,
+             "half_duplex_link_bound_samples_per_sec": half_link_bound}
     if cpu_bounds:
         entry["cpu_seconds_per_step"] = statistics.median(
             used * per_step / rate for rate, used in zip(rates, total) if rate > 0)
         entry["cpu_bound_samples_per_sec"] = statistics.median(cpu_bounds)
-        entry["bound_samples_per_sec"] = statistics.median(
-            min(b, link_bound or b) for b in cpu_bounds)
+        entry["bound_samples_per_sec"] = combined_bound(cpu_bounds, link_bound)
+        entry["half_duplex_bound_samples_per_sec"] = combined_bound(cpu_bounds,
+                                                                    half_link_bound)
+    else:
+        # no CPU figures (the meter saw nothing): the link alone still bounds the rate
+        entry["bound_samples_per_sec"] = link_bound
+        entry["half_duplex_bound_samples_per_sec"] = half_link_bound
     return entry
+
+
+def combined_bound(cpu_bounds, link_bound):
+    """Median over repeats of min(CPU bound, link bound); the CPU bound alone unshaped."""
+    return statistics.median(b if link_bound is None else min(b, link_bound)
+                             for b in cpu_bounds)
+
+
+def link_fields(topology, workers, servers, parameter_bytes, bandwidth):
+    """The link's part of a run's JSON: topology, N, S, M (bytes), R (bytes/s per queue, i.e.
+    per NIC direction on hosts; None unshaped), the bytes of one step through the busiest
+    queue and their time on it, full duplex (the bound) and half duplex (for comparison)."""
+    return {"topology": topology, "workers": workers, "servers": servers,
+            "parameter_bytes": parameter_bytes,
+            "link_bytes_per_sec": link_bytes_per_sec(bandwidth),
+            "link_duplex": "full",
+            "link_formula": LINK_FORMULA[topology],
+            "wire_bytes_per_step": step_wire_bytes(topology, workers, servers,
+                                                   parameter_bytes),
+            "wire_seconds": link_step_seconds(topology, workers, servers, parameter_bytes,
+                                              bandwidth),
+            "half_duplex_wire_bytes_per_step": step_wire_bytes(
+                topology, workers, servers, parameter_bytes, duplex="half"),
+            "half_duplex_wire_seconds": link_step_seconds(
+                topology, workers, servers, parameter_bytes, bandwidth, duplex="half")}
+
+
+#: t_link of each topology, N workers, S servers, M bytes of parameters, R bytes/s per queue
+#: (link_bytes_per_sec: one NIC direction on hosts, the one loopback queue)
+LINK_FORMULA = {"hosts": "max(M/R, N*M/(S*R))", "loopback": "2*N*M/R"}
 
 
 def _summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores):
     per_step = args.workers * args.batch_size
     t_comp = compute["t_comp"]
-    wire_bits = step_wire_bits(args.topology, args.workers, args.servers,
-                               compute["parameter_bytes"])
-    wire_seconds = wire_bits / (bandwidth * 1e6) if bandwidth else None
+    link = link_fields(args.topology, args.workers, args.servers, compute["parameter_bytes"],
+                       bandwidth)
     runs = []
     for mode, rates in samples.items():
         entry = {"mode": mode, "model": args.model, "mlp_hidden": args.mlp_hidden,
@@ -229,9 +274,10 @@ def _summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores):
                  "samples_per_sec_all": rates, "t_comp": t_comp, "t_comm": t_comm,
                  "ssgd_bound_samples_per_sec": per_step / (t_comp + t_comm),
                  "ideal_samples_per_sec": per_step / max(t_comp, t_comm)}
-        entry.update(cpu_summary(rates, cores[mode], args.cores, per_step, wire_seconds),
-                     parameter_arrays=compute["parameter_arrays"],
-                     parameter_bytes=compute["parameter_bytes"], wire_seconds=wire_seconds)
+        entry.update(link)
+        entry.update(cpu_summary(rates, cores[mode], args.cores, per_step,
+                                 link["wire_seconds"], link["half_duplex_wire_seconds"]),
+                     parameter_arrays=compute["parameter_arrays"])
         if mode == "dist_odsgd" and overlaps:
             waits = [o["mean_wait_s"] for o in overlaps if o["mean_wait_s"] is not None]
             if waits:
@@ -246,9 +292,9 @@ def print_table(runs):
     by_bw = {}
     for r in runs:
         by_bw.setdefault(r["bandwidth_mbit"], {})[r["mode"]] = r
-    print("\n%-12s %-11s %22s %7s %7s %7s %7s %7s %7s"
+    print("\n%-12s %-11s %22s %7s %7s %7s %6s %9s %9s %9s %7s %6s"
           % ("bandwidth", "mode", "samples/s (min-max)", "x sync", "x async", "x ideal",
-             "cores", "x bound", "hidden"))
+             "cores", "link bnd", "CPU bnd", "bound", "x bound", "hidden"))
     for bandwidth in sorted(by_bw, key=_bandwidth_order):
         modes = by_bw[bandwidth]
         sync = modes.get("dist_sync", {}).get("samples_per_sec")
@@ -257,19 +303,44 @@ def print_table(runs):
             rate = r["samples_per_sec"]
             hidden = r.get("overlap_hidden_fraction")
             bound = r.get("bound_samples_per_sec")
-            print("%-12s %-11s %8.1f (%6.1f-%6.1f) %7s %7s %7.2f %7s %7s %7s"
+            print("%-12s %-11s %8.1f (%6.1f-%6.1f) %7s %7s %7.2f %6s %9s %9s %9s %7s %6s"
                   % (_bw(bandwidth), mode, rate, r["samples_per_sec_min"],
                      r["samples_per_sec_max"],
                      "%.2f" % (rate / sync) if sync else "-",
                      "%.2f" % (rate / async_) if async_ else "-",
                      rate / r["ideal_samples_per_sec"],
                      "%.2f" % r["cores_in_use"] if r.get("cores_in_use") else "-",
+                     _rate(r.get("link_bound_samples_per_sec")),
+                     _rate(r.get("cpu_bound_samples_per_sec")), _rate(bound),
                      "%.2f" % (rate / bound) if bound else "-",
                      "%.0f%%" % (100 * hidden) if hidden is not None else "-"))
         any_run = next(iter(modes.values()))
         print("%-12s %-11s %8.1f   t_comp %.1f ms, t_comm %.1f ms; SSGD bound %.1f"
               % ("", "ideal", any_run["ideal_samples_per_sec"], 1e3 * any_run["t_comp"],
                  1e3 * any_run["t_comm"], any_run["ssgd_bound_samples_per_sec"]))
+        print("%-12s %-11s %8s   %s" % ("", "link", _rate(any_run.get(
+            "link_bound_samples_per_sec")), _link_line(any_run)))
+
+
+def _rate(value):
+    return "%.1f" % value if value else "-"
+
+
+def _link_line(r):
+    """How the link bound of a run came about, for the table."""
+    if r.get("topology") is None:     # results of an older version
+        return ""
+    where = ("one direction of the busiest NIC" if r["topology"] == "hosts"
+             else "the one shaped loopback queue")
+    text = ("%s: N=%d S=%d M=%.2f MB; %.2f MB/step through %s"
+            % (r["topology"], r["workers"], r["servers"], r["parameter_bytes"] / 1e6,
+               r["wire_bytes_per_step"] / 1e6, where))
+    if not r.get("wire_seconds"):
+        return text + "; unshaped: no link bound"
+    return text + ("; t_link = %s = %.1f ms at R = %.1f MB/s (half-duplex %.1f)"
+                   % (r["link_formula"], 1e3 * r["wire_seconds"],
+                      r["link_bytes_per_sec"] / 1e6,
+                      r["half_duplex_link_bound_samples_per_sec"]))
 
 
 def plot(runs, path):

@@ -11,6 +11,7 @@ import os
 import time
 
 import odsgd  # registers dist_odsgd; on servers it loads only the server side
+from odsgd import timeline
 import mxnet as mx
 import numpy as np
 
@@ -151,6 +152,7 @@ def measure_comm(args):
 
 def measure_training(args):
     kv = mx.kv.create(args.kvstore)
+    timeline.start_if_asked(kv.rank)     # ODSGD_TIMELINE set: record a trace (no-op unset)
     _, step = model_step(args, lambda net: mx.gluon.Trainer(
         net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9}, kvstore=kv))
     seconds, window = timed(step, args.skip, args.steps)

@@ -4,6 +4,7 @@ to OUT/rank<r>.npz. Started through odsgd.launch."""
 import argparse
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import odsgd  # noqa: E402  (registers dist_odsgd; on servers it only loads the server side)
@@ -56,6 +57,9 @@ def parse_args(argv=None):
     p.add_argument("--rank-init-offset", type=float, default=0.0,
                    help="store: worker r initialises the keys with W_0 + r * this (rank 0's "
                         "values must win)")
+    p.add_argument("--slow-rank", type=int, default=-1,
+                   help="this rank sleeps --slow-seconds before every other step")
+    p.add_argument("--slow-seconds", type=float, default=0.0)
     p.add_argument("--out", required=True)
     p.add_argument("--save-prefix", help="odsgd.save_checkpoint after the last step (gluon)")
     p.add_argument("--resume-prefix", help="odsgd.load_checkpoint before the first step, "
@@ -109,6 +113,15 @@ def optimizer_params(args):
     return params
 
 
+def slow_down(args, kv, step):
+    """--slow-rank sleeps before every other step: the other workers run ahead meanwhile,
+    and their pushes of the next step must wait for this worker's round (the servers merge
+    pushes by count, not by round)."""
+    if kv.rank == args.slow_rank and step % 2:
+        mx.nd.waitall()
+        time.sleep(args.slow_seconds)
+
+
 def run_gluon(args, kv):
     contexts = [mx.cpu(i) for i in range(args.devices)]
     net = mx.gluon.nn.Dense(problem.OUT_UNITS, in_units=problem.IN_UNITS)
@@ -141,6 +154,7 @@ def run_gluon(args, kv):
             net.bias.grad_req = "write"
         if args.epoch_every and step and step % args.epoch_every == 0:
             assert odsgd.equal_steps(trainer, args.steps) == args.steps
+        slow_down(args, kv, step)
         X, Y = problem.batch(kv.rank, step)
         xs = np.array_split(X, len(contexts))
         ys = np.array_split(Y, len(contexts))
@@ -222,6 +236,7 @@ def run_store(args, kv):
     kv.pull([0, 1], out=arrays)
     local_w, local_b = [], []
     for step in range(args.steps):
+        slow_down(args, kv, step)
         X, Y = problem.batch(kv.rank, step)
         grads = problem.gradients(arrays[0].asnumpy().astype(np.float32),
                                   arrays[1].asnumpy().astype(np.float32), X, Y)

@@ -1,0 +1,275 @@
+"""ODSGD_TIMELINE recording (odsgd/timeline.py) and `python -m odsgd.bench timeline`: the
+trace parser on a hand-written Chrome trace, steps and windows on made-up events, and real
+jobs whose workers record MXNet's profiler."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from odsgd import config
+from odsgd import timeline as tl
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _environment(**extra):
+    env = dict(os.environ)
+    env.pop("ODSGD_TIMELINE", None)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(extra)
+    return env
+
+
+def _run(command, timeout, env, cwd=REPO):
+    """Runs `command` in a session of its own; on timeout ends exactly that group (by the
+    pid it started) and fails with the output."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env=env, cwd=cwd, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGTERM)   # odsgd.launch ends its own job on SIGTERM
+        try:
+            output, _ = process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            output, _ = process.communicate()
+        pytest.fail("%s timed out:\n%s" % (" ".join(command), output[-4000:]))
+    return process.returncode, output
+
+
+# -- recording switch ---------------------------------------------------------------------
+@pytest.mark.timeout(30)
+def test_trace_file_names(tmp_path):
+    assert tl.trace_file("out/t.json", 1) == "out/t.rank1.json"
+    assert tl.trace_file("out/t", 0) == "out/t.rank0.json"
+    assert tl.trace_file("out/tl/", 2) == os.path.join("out/tl/", "timeline.rank2.json")
+    assert tl.trace_file(str(tmp_path), 3) == str(tmp_path / "timeline.rank3.json")
+
+
+@pytest.mark.timeout(30)
+def test_nothing_happens_without_the_variable(tmp_path, monkeypatch):
+    monkeypatch.delenv("ODSGD_TIMELINE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert config.timeline_path() is None
+    assert config.timeline_path({"ODSGD_TIMELINE": "  "}) is None
+    assert config.timeline_path({"ODSGD_TIMELINE": "a.json"}) == "a.json"
+    assert tl.start_if_asked(0) is None
+    assert tl.start_if_asked(0, environ={"ODSGD_TIMELINE": ""}) is None
+    assert tl._recording["file"] is None
+    assert tl.stop_and_dump() is None
+    assert os.listdir(str(tmp_path)) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_process_writes_its_trace_at_exit(tmp_path):
+    """One process, no job: start_if_asked, one operation, exit; the atexit dump holds it."""
+    script = ("import mxnet as mx\nfrom odsgd import timeline\n"
+              "first = timeline.start_if_asked(3)\n"
+              "assert timeline.start_if_asked(3) == first\n"
+              "(mx.nd.ones((1000,)) * 2).wait_to_read()\n")
+    target = tmp_path / "sub" / "t.json"
+    code, output = _run([sys.executable, "-c", script], 50,
+                        _environment(ODSGD_TIMELINE=str(target)))
+    assert code == 0, output
+    events = tl.read_trace(str(tmp_path / "sub" / "t.rank3.json"))
+    assert [e.kind for e in events if e.name == "_mul_scalar"] == ["compute"]
+
+
+# -- the parser ---------------------------------------------------------------------------
+def _hand_written_trace():
+    """Two workers' worth of MXNet's ways in one trace: duration pairs written together
+    (also when they overlap on one thread, as the kvstore's asynchronous operations do), a
+    complete ('X') event, the async duplicates MXNet also writes, C-API and counter events."""
+    def pair(name, begin, end, pid=0, tid=7):
+        return [{"name": name, "cat": "operator", "ph": "B", "ts": begin, "pid": pid,
+                 "tid": tid},
+                {"name": name, "cat": "operator", "ph": "E", "ts": end, "pid": pid,
+                 "tid": tid}]
+    events = [{"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "cpu/0"}}]
+    events += pair("Activation,FullyConnected,Activation", 1000000, 1002000)
+    events += pair("_backward_Activation,_backward_FullyConnected", 1002500, 1004000)
+    events += pair("KVStoreDistDefaultPush", 1004100, 1009000, pid=2, tid=9)
+    events += pair("KVStoreDistDefaultPush", 1004200, 1006000, pid=2, tid=9)
+    events += pair("KVStoreDistDefaultStoragePull", 1009100, 1012000, pid=2, tid=9)
+    events += pair("KVStoreDistDefaultStoragePushPull", 1012500, 1013500, pid=2, tid=9)
+    events.append({"name": "odsgd_multi_predict_update", "cat": "operator", "ph": "X",
+                   "ts": 1006100, "dur": 300, "pid": 0, "tid": 7})
+    events += pair("CopyCPU2CPU", 1006500, 1006600)
+    events += pair("odsgd_gather", 1006600, 1006650)
+    events += pair("DeleteVariable", 1006700, 1006710)
+    # ignored: MXNet's async duplicate, a C-API call, a counter, an end without a begin
+    events += [{"name": "CopyCPU2CPU", "cat": "operator", "ph": "b", "ts": 1006500,
+                "id": 7, "pid": 5, "tid": 7},
+               {"name": "CopyCPU2CPU", "cat": "operator", "ph": "e", "ts": 1006600,
+                "id": 7, "pid": 5, "tid": 7},
+               {"name": "MXNDArrayFree", "cat": "MXNET_C_API", "ph": "B", "ts": 1000001,
+                "pid": 8, "tid": 7},
+               {"name": "MXNDArrayFree", "cat": "MXNET_C_API", "ph": "E", "ts": 1000002,
+                "pid": 8, "tid": 7},
+               {"name": "Memory: cpu/0", "cat": "Device Storage", "ph": "C",
+                "ts": 1000003, "pid": 9, "args": {"Memory": 1}},
+               {"name": "mean", "cat": "operator", "ph": "E", "ts": 1000004, "pid": 0,
+                "tid": 7}]
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+@pytest.mark.timeout(30)
+def test_read_trace(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(_hand_written_trace()))
+    got = [(e.name, e.kind, e.start_s, e.end_s) for e in tl.read_trace(str(path))]
+    expected = [
+        ("Activation,FullyConnected,Activation", "compute", 1.0, 1.002),
+        ("_backward_Activation,_backward_FullyConnected", "compute", 1.0025, 1.004),
+        ("KVStoreDistDefaultPush", "push", 1.0041, 1.009),
+        ("KVStoreDistDefaultPush", "push", 1.0042, 1.006),
+        ("odsgd_multi_predict_update", "local_update", 1.0061, 1.0064),
+        ("CopyCPU2CPU", "copy", 1.0065, 1.0066),
+        ("odsgd_gather", "copy", 1.0066, 1.00665),
+        ("DeleteVariable", "other", 1.0067, 1.00671),
+        ("KVStoreDistDefaultStoragePull", "pull", 1.0091, 1.012),
+        ("KVStoreDistDefaultStoragePushPull", "pushpull", 1.0125, 1.0135),
+    ]
+    assert [g[:2] for g in got] == [e[:2] for e in expected]
+    for g, e in zip(got, expected):
+        assert g[2:] == pytest.approx(e[2:], abs=1e-9)
+
+
+@pytest.mark.timeout(30)
+def test_read_trace_refuses_a_broken_file(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text('{"traceEvents": [{"name": "x", "ph": "B"')
+    with pytest.raises(ValueError, match="not a JSON trace"):
+        tl.read_trace(str(path))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("name,kind", [
+    ("KVStoreDistDefaultPush", "push"), ("KVStoreDistDefaultStoragePull", "pull"),
+    ("KVStoreDistDefaultStoragePushPull", "pushpull"),
+    ("odsgd_multi_local_update", "local_update"), ("odsgd_multi_nag_predict_update",
+                                                   "local_update"),
+    ("odsgd_scatter", "copy"), ("CopyCPU2GPU", "copy"), ("WaitForVar", "other"),
+    ("ImperativeBulk", "compute"), ("_backward_Convolution", "compute")])
+def test_kinds(name, kind):
+    assert tl.kind_of(name) == kind
+
+
+# -- steps, windows, busy shares ----------------------------------------------------------
+def _steps(count=12, slow_after=9):
+    """Made-up steps, in whole seconds (exact in binary): step i starts at 10 i (10 more
+    from step slow_after + 1 on), forward 0-3, backward `_backward_X` 3-4 and 4-5 and
+    `_backward_Y` 5-6, then a push 6-9."""
+    events = []
+    for i in range(count):
+        s = 10 * i + (10 if i > slow_after else 0)
+        events.append(tl.Event("fwd", "compute", s, s + 3))
+        events.append(tl.Event("_backward_X", "compute", s + 3, s + 4))
+        events.append(tl.Event("_backward_X", "compute", s + 4, s + 5))
+        events.append(tl.Event("_backward_Y", "compute", s + 5, s + 6))
+        events.append(tl.Event("KVStoreDistDefaultPush", "push", s + 6, s + 9))
+    return events
+
+
+@pytest.mark.timeout(30)
+def test_step_marks_and_steady_window():
+    events = _steps()
+    expected = [10 * i + (10 if i > 9 else 0) + 6 for i in range(12)]
+    assert tl.step_marks(events) == expected          # gcd(24, 12) = 12 steps
+    assert tl.step_marks(events, steps=12) == expected
+    with pytest.raises(ValueError, match="do not split"):
+        tl.step_marks(events, steps=5)
+    # candidate windows start at marks 4, 5, 6 (first third and last step left out):
+    # 40, 40 and 50 s long; the median is the one from mark 5 to mark 9
+    window = tl.steady_window(expected, 4)
+    assert (window.start_s, window.end_s) == (56, 96)
+    assert window.marks == expected[5:10]
+    # steady run: marks 4 to 10, (116 - 46) s over 6 steps
+    assert tl.mean_step_seconds(expected) == pytest.approx(70 / 6)
+    with pytest.raises(ValueError, match="needs a longer run"):
+        tl.steady_window(expected[:7], 4)
+    with pytest.raises(ValueError, match="no backward"):
+        tl.step_marks([e for e in events if not e.name.startswith("_backward")])
+
+
+@pytest.mark.timeout(30)
+def test_busy_fraction():
+    e = tl.Event
+    events = [e("p", "push", 1, 3), e("p", "push", 2, 5), e("p", "push", 8, 12),
+              e("pp", "pushpull", 6, 7), e("c", "compute", -5, 0.5), e("l", "pull", 11, 12)]
+    # push: (1, 5) and (8, 10) inside the window [0, 10]
+    assert tl.busy_fraction(events, ("push",), 0, 10) == pytest.approx(0.6)
+    assert tl.busy_fraction(events, ("push", "pushpull"), 0, 10) == pytest.approx(0.7)
+    assert tl.busy_fraction(events, ("pull",), 0, 10) == 0.0
+    shares = tl.lane_fractions(events, 0, 10)
+    assert shares == pytest.approx({"compute": 0.05, "push in flight": 0.7,
+                                    "pull in flight": 0.1, "local update": 0.0})
+    clipped = tl.in_window(events, 0, 10)
+    assert min(x.start_s for x in clipped) == 0 and max(x.end_s for x in clipped) == 10
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("argv", [["--window", "0"], ["--modes", "dist_foo"],
+                                  ["--out", "t.jpg"], ["--steps", "2", "--skip", "0"],
+                                  ["--bandwidth-mbit", "-1"], ["--workers", "0"]])
+def test_bad_options_are_refused(argv, capsys):
+    from odsgd.bench import timeline as bench
+    with pytest.raises(SystemExit) as stop:
+        bench.parse_args(argv)
+    assert stop.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+# -- real jobs ----------------------------------------------------------------------------
+MLP_ARRAYS = 6      # Dense(h) -> Dense(h) -> Dense(10): a weight and a bias each
+
+
+@pytest.mark.timeout(120)
+def test_throughput_job_records_every_push_and_pull(tmp_path):
+    """A 2-worker dist_sync job of the throughput benchmark: each worker's trace holds, per
+    step, one pushpull per parameter array (Gluon's Trainer under dist_sync), and from the
+    Trainer's start rank 0's init pushes and every worker's broadcast pulls, one per array."""
+    from odsgd.bench.jobs import run_job
+    skip, steps = 2, 4
+    out = tmp_path / "job"
+    out.mkdir()
+    run_job(["odsgd.bench.throughput_job", "--kvstore", "dist_sync", "--mlp-hidden", 16,
+             "--batch-size", 8, "--skip", skip, "--steps", steps, "--out", str(out)],
+            workers=2, servers=1, timeout=90, stall_timeout=60,
+            env={"ODSGD_TIMELINE": str(out / "trace.json"), "OMP_NUM_THREADS": "1"})
+    for rank in range(2):
+        events = tl.read_trace(str(out / ("trace.rank%d.json" % rank)))
+        count = {kind: sum(1 for e in events if e.kind == kind) for kind in tl.KINDS}
+        assert count["pushpull"] == (skip + steps) * MLP_ARRAYS
+        assert count["pull"] == MLP_ARRAYS
+        assert count["push"] == (MLP_ARRAYS if rank == 0 else 0)
+        assert all(e.end_s >= e.start_s for e in events)
+        assert len(tl.step_marks(events)) == skip + steps
+
+
+@pytest.mark.timeout(150)
+def test_bench_timeline_draws_every_mode(tmp_path):
+    png, data = tmp_path / "t.png", tmp_path / "t.json"
+    code, output = _run([sys.executable, "-m", "odsgd.bench", "timeline", "--mlp-hidden", "16",
+                         "--batch-size", "8", "--skip", "2", "--steps", "8",
+                         "--out", str(png), "--json", str(data)], 140, _environment())
+    assert code == 0, output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    result = json.loads(data.read_text())
+    assert list(result["modes"]) == ["dist_sync", "dist_async", "dist_odsgd"]
+    for mode, entry in result["modes"].items():
+        assert mode in output
+        assert entry["window_ms"] > 0 and len(entry["marks_ms"]) == 5
+        assert [r["rank"] for r in entry["ranks"]] == [0, 1]
+        for share in entry["busy"].values():
+            assert 0.0 <= share <= 1.0
+        kinds = {e["kind"] for r in entry["ranks"] for e in r["events"]}
+        if mode == "dist_odsgd":
+            assert {"compute", "push", "pull", "local_update"} <= kinds
+        else:
+            assert {"compute", "pushpull"} <= kinds
