@@ -6,6 +6,7 @@
 See SPEC.md for the update rules and docs/ for the environment variables.
 """
 import importlib
+import importlib.util
 import os
 
 __version__ = "0.1.0"
@@ -17,8 +18,25 @@ _PUBLIC = {"DistODSGD": "kvstore", "StoreType": "kvstore", "load_global_weights"
 __all__ = sorted(_PUBLIC)
 
 
+def _mxnet_installed():
+    try:
+        return importlib.util.find_spec("mxnet") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+#: False on a machine without MXNet, where only tools that do not need it work (`python -m
+#: odsgd.native check-gpu`, which runs the CUDA kernels against NumPy on a GPU that MXNet
+#: 1.9.1's wheels cannot use); the store and everything else say what to install.
+MXNET_INSTALLED = _mxnet_installed()
+
+
 def __getattr__(name):
     if name in _PUBLIC:
+        if not MXNET_INSTALLED:
+            raise ImportError("odsgd.%s needs MXNet, which is not installed: pip install "
+                              "mxnet==1.9.1 numpy==1.23.5 (GPU: mxnet-cu112; see the README)"
+                              % name)
         return getattr(importlib.import_module("." + _PUBLIC[name], __name__), name)
     raise AttributeError("module 'odsgd' has no attribute %r" % name)
 
@@ -26,7 +44,7 @@ def __getattr__(name):
 # On a server or scheduler, MXNet starts its server loop inside `import mxnet` and never
 # returns; while it runs it unpickles our ServerOptimizer, importing odsgd.server_updater.
 # Importing nothing here keeps that module from being caught half-imported there.
-if os.environ.get("DMLC_ROLE") not in ("server", "scheduler"):
+if MXNET_INSTALLED and os.environ.get("DMLC_ROLE") not in ("server", "scheduler"):
     from . import native
     native.load()
     from .kvstore import DistODSGD, StoreType, equal_steps, load_global_weights  # noqa: F401,E402

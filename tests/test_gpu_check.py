@@ -19,12 +19,32 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NVCC = os.path.join(REPO, ".venv", "cuda", "nvidia", "cu13", "bin", "nvcc")
 
 
-def _check_gpu(*args, path=None, timeout=1200):
+# Runs `python -m odsgd.native ...` in a Python where `import mxnet` fails, as on a GPU
+# machine that has no MXNet (MXNet 1.9.1's wheels have no code for recent GPUs).
+WITHOUT_MXNET = """
+import importlib.abc, runpy, sys
+class NoMXNet(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "mxnet" or name.startswith("mxnet."):
+            raise ModuleNotFoundError("No module named 'mxnet'", name="mxnet")
+        return None
+sys.meta_path.insert(0, NoMXNet())
+sys.argv = ["odsgd.native"] + sys.argv[1:]
+if sys.argv[1] == "probe":
+    import odsgd
+    print("installed" if odsgd.MXNET_INSTALLED else "missing")
+    odsgd.DistODSGD
+runpy.run_module("odsgd.native", run_name="__main__", alter_sys=True)
+"""
+
+
+def _check_gpu(*args, path=None, timeout=1200, mxnet=True):
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     if path is not None:
         env["PATH"] = path
-    return subprocess.run([sys.executable, "-m", "odsgd.native", "check-gpu", "--quiet"]
+    command = ["-m", "odsgd.native"] if mxnet else ["-c", WITHOUT_MXNET]
+    return subprocess.run([sys.executable] + command + ["check-gpu", "--quiet"]
                           + list(args), cwd=REPO, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, universal_newlines=True, timeout=timeout)
 
@@ -50,18 +70,33 @@ def test_check_gpu_on_this_machine():
     assert "nvidia-smi" in lines[0]
 
 
-def test_without_nvcc_it_says_so_in_one_line(tmp_path):
-    """A (fake) GPU but no nvcc: one line naming both, exit status 0."""
+@pytest.mark.parametrize("mxnet", [True, False], ids=["with-mxnet", "without-mxnet"])
+def test_without_nvcc_it_says_so_in_one_line(tmp_path, mxnet):
+    """A (fake) GPU but no nvcc: one line naming both, exit status 0; also where MXNet is not
+    installed (`import odsgd` must not need it for this command)."""
     smi = tmp_path / "nvidia-smi"
     smi.write_text("#!/bin/sh\necho 'Fake GPU, 550.54, 9.0'\n")
     smi.chmod(0o755)
     result = _check_gpu("--nvcc", str(tmp_path / "no-such-nvcc"),
-                        path=str(tmp_path) + os.pathsep + os.environ["PATH"], timeout=120)
+                        path=str(tmp_path) + os.pathsep + os.environ["PATH"], timeout=120,
+                        mxnet=mxnet)
     lines = result.stdout.splitlines()
     assert result.returncode == 0, result.stdout
     assert len(lines) == 1, result.stdout
     assert lines[0].startswith("odsgd.native check-gpu: skipped: no nvcc (")
     assert "no-such-nvcc" in lines[0] and "Fake GPU" in lines[0]
+
+
+def test_without_mxnet_the_store_names_what_to_install():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    result = subprocess.run([sys.executable, "-c", WITHOUT_MXNET, "probe"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            universal_newlines=True, timeout=120)
+    assert result.returncode != 0
+    assert result.stdout.startswith("missing\n"), result.stdout
+    assert "ImportError: odsgd.DistODSGD needs MXNet, which is not installed: pip install " \
+           "mxnet==1.9.1" in result.stdout
 
 
 @pytest.mark.skipif(not os.path.exists(NVCC), reason="no nvcc in .venv/cuda (make cuda-check)")
