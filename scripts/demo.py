@@ -5,7 +5,7 @@ slow link when it may create network namespaces (root), and prints each mode's f
 accuracy (the last evaluation and the mean of the last three, so that one noisy point does
 not decide), samples/s and training time to the target accuracy.
 
-    python scripts/demo.py [--bandwidth-mbit 1000] [--epochs 3] [--json results/demo.json]
+    python scripts/demo.py [--bandwidth-mbit 1000] [--epochs N] [--json results/demo.json]
 
 Writes the JSON (top level: target_accuracy, bandwidth_mbit (0 = unshaped), modes: mode,
 final_test_accuracy (the last evaluation), final_accuracy_last3 (the mean of the last three),
@@ -24,10 +24,12 @@ from odsgd.bench.jobs import loopback_link  # noqa: E402
 from odsgd.training import image_datasets  # noqa: E402
 
 MODES = ("dist_sync", "dist_async", "dist_odsgd")
-# The demo's default setting per data set: (training images used, target accuracy). The
-# targets are levels that dist_sync passes in the first half of the demo's 3 epochs in the
-# runs of README.md, so that the time to reach it compares speed early in training.
-SETTING = {"fashion-mnist": (12000, 0.70), "mnist-5k": (4000, 0.85)}
+# The demo's default setting per data set: (training images used, target accuracy, epochs).
+# Either makes 125 to 140 global steps of 2 x 128 images; with fewer (2 epochs of
+# Fashion-MNIST, 3 of MNIST-5k) dist_odsgd ended 1.8 and 17 points below dist_sync, its
+# one-step delay not yet worked off. The targets are levels that dist_sync passes in the
+# first half of the run, so that the time to reach them compares speed early in training.
+SETTING = {"fashion-mnist": (12000, 0.70, 3), "mnist-5k": (4000, 0.85, 8)}
 # A link on which one step's traffic (2 workers x (push + pull) of LeNet's 1.7 MB, about
 # 55 ms) takes about as long as a step's computation on this kind of 2-core machine: the
 # balance OD-SGD is made for, where hiding the communication behind the computation can
@@ -43,10 +45,12 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dataset", choices=image_datasets.DATASETS, default=None,
                    help="default: fashion-mnist when installed, else mnist-5k")
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=None,
+                   help="default: %s" % ", ".join("%d for %s" % (e, d)
+                                                   for d, (_, _, e) in SETTING.items()))
     p.add_argument("--train-subset", type=int, default=None,
                    help="first N training images (default: %s)" % ", ".join(
-                       "%d for %s" % (n, d) for d, (n, _) in SETTING.items()))
+                       "%d for %s" % (n, d) for d, (n, _, _) in SETTING.items()))
     p.add_argument("--test-subset", type=int, default=5000,
                    help="evaluate on the first N test images (0: all)")
     p.add_argument("--batch-size", type=int, default=128, help="per worker")
@@ -54,13 +58,15 @@ def parse_args(argv=None):
     p.add_argument("--eval-interval", type=int, default=12, help="global steps")
     p.add_argument("--target-accuracy", type=float, default=None,
                    help="default: %s" % ", ".join("%.2f for %s" % (t, d)
-                                                   for d, (_, t) in SETTING.items()))
+                                                   for d, (_, t, _) in SETTING.items()))
     p.add_argument("--bandwidth-mbit", type=int, default=BANDWIDTH_MBIT,
                    help="emulated link (needs root); 0: unshaped")
     p.add_argument("--json", default="results/demo.json")
     args = p.parse_args(argv)
     args.dataset = args.dataset or image_datasets.default_dataset()
-    default_subset, default_target = SETTING[args.dataset]
+    default_subset, default_target, default_epochs = SETTING[args.dataset]
+    if args.epochs is None:
+        args.epochs = default_epochs
     if args.train_subset is None:
         args.train_subset = default_subset
     if args.target_accuracy is None:
