@@ -206,13 +206,9 @@ def _count(environ, variable, default, meaning):
     return value
 
 
-#: Default of ODSGD_FUSION_ELEMENTS. Small enough that a model's small parameters make several
-#: keys, not one: a key group's push and pull follow each other (the local update needs the
-#: pull), but one group's pull travels while another's push does. On emulated hosts (2 workers,
-#: 1 server) packing ResNet-20 into 6 keys instead of 1 ran 1.37x faster at 200 Mbit/s
-#: (263/258 against 193/188 samples/s) and the 2.1 M MLP 1.04x at 500 Mbit/s; on shaped
-#: loopback, one queue for both directions, it changed nothing (178/179 against 180/180), and
-#: unshaped, where the 2 cores bind, the extra keys cost ResNet-20 5% (380/367 against 396/389).
+#: Default of ODSGD_FUSION_ELEMENTS: small enough that a model's small parameters make several
+#: keys, not one, so that one key's pull travels while another's push does (measured in
+#: docs/design.md, "Why not pack them all into one key").
 DEFAULT_FUSION_ELEMENTS = 65536
 
 

@@ -141,7 +141,7 @@ def plot(summary, path):
 
 def print_summary(summary):
     print("\n%-11s %15s %15s %10s %22s" % (
-        "mode", "last accuracy", "mean of last 3", "samples/s",
+        "mode", "last accuracy", "mean of last %d" % LAST_EVALUATIONS, "samples/s",
         "s to %.0f%% (training)" % (100 * summary["target_accuracy"])))
     for m in summary["modes"]:
         reached = m["seconds_to_target"]
