@@ -102,7 +102,7 @@ def test_throughput_benchmark_tiny(tmp_path):
     out = tmp_path / "tp.json"
     command = [sys.executable, "-m", "odsgd.bench", "throughput", "--mlp-hidden", HIDDEN,
                "--batch-size", 16, "--workers", WORKERS, "--bandwidth-mbit", "0,%d" % BANDWIDTH,
-               "--steps", 4, "--skip", 2, "--repeats", 1, "--warmup-steps", 1, "--overlap-interval", 2, "--json", out, "--timeout", 150]
+               "--steps", 16, "--skip", 2, "--repeats", 1, "--warmup-steps", 1, "--overlap-interval", 2, "--json", out, "--timeout", 150]
     process = subprocess.Popen([str(c) for c in command], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     try:
