@@ -57,6 +57,10 @@ def describe_shape_signature(signature):
     return "%s %s" % (tuple(int(d) for d in signature[2:2 + min(ndim, 8)]), dtype)
 
 
+def _zeros(buffer):
+    buffer[:] = 0
+
+
 class StepCountError(ValueError):
     """The workers made different numbers of steps."""
 
@@ -145,17 +149,17 @@ class WorkerAgreement(object):
         if groups:
             self._probe += 1
             servers.send_command(self.raw, servers.probe_command(
-                self._probe, [g.server_key for g in groups]))
+                self._probe, [g.round_of(g.global_step)[0] for g in groups]))
         self._send[:] = 0
         self._send[rank] = mx.nd.array([1, kind, steps, value], dtype="float64")
         self.raw.push(CONTROL_KEY, self._send)
         self.raw.pull(CONTROL_KEY, out=self._recv)
         scratches = []
+        exchange = self.store.exchange
         for group in groups:
-            group.send[:] = 0
-            self.raw.push(group.server_key, group.send)
+            exchange.push(group, group.global_step, _zeros)
             scratch = group.scratch_buffer()
-            self.raw.pull(group.server_key, out=scratch)
+            exchange.pull(group, scratch, step=group.global_step)
             scratches.append(scratch)
 
         done = {"control": threading.Event(), "probe": threading.Event()}

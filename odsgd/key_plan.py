@@ -26,7 +26,8 @@ import zlib
 import mxnet as mx
 
 from . import rates
-from .key_groups import GROUP_KEY_BASE, KEY_LIMIT, KeyGroup
+from .environment import num_servers
+from .key_groups import KeyGroup, server_key_pair
 
 LOG = logging.getLogger("odsgd")
 
@@ -67,6 +68,12 @@ def plan_signature(groups, sizes):
     return float(zlib.crc32(text.encode("ascii")) & 0xFFFFFF)
 
 
+def init_server_keys(raw, group, value):
+    """Initialises both server keys of `group` with `value` (rank 0's is kept): one
+    collective init."""
+    raw.init(list(group.server_keys), [value, value])
+
+
 class StepPlan(object):
     """How one pushpull call's keys map onto key groups: `groups`, [(group, positions in the
     call)], and where each group's multipliers come from."""
@@ -105,7 +112,7 @@ class KeyPlanner(object):
         self._index = {}           # user key -> its index for the global optimizer
         self._string_keys = 0      # MXNet numbers string keys 0, 1, ... as first initialised
         self._plans = {}           # tuple of keys -> StepPlan
-        self._next_server_key = GROUP_KEY_BASE
+        self._groups_made = 0      # numbers the groups' server key pairs
         self._unregistered = []    # groups whose packing the servers do not know yet
 
     # -- keys ----------------------------------------------------------------------------------
@@ -131,7 +138,7 @@ class KeyPlanner(object):
     def add_key(self, key, index, value, global_step):
         """A key group of its own for the new `key` (index from index_of_new), with a new
         server key, joining at `global_step`."""
-        group = KeyGroup(self._allocate_server_key(), [key], [index], [value],
+        group = KeyGroup(self._allocate_server_keys(), [key], [index], [value],
                          first_step=global_step)
         if isinstance(key, str):
             self._string_keys += 1
@@ -140,14 +147,10 @@ class KeyPlanner(object):
         self._unregistered.append(group)
         return group
 
-    def _allocate_server_key(self):
-        key = self._next_server_key
-        if key >= KEY_LIMIT:
-            raise ValueError("dist_odsgd ran out of server keys (%d parameters and re-packings);"
-                             " MXNet's servers take keys below %d" % (key - GROUP_KEY_BASE,
-                                                                     KEY_LIMIT))
-        self._next_server_key += 1
-        return key
+    def _allocate_server_keys(self):
+        keys = server_key_pair(self._groups_made, max(1, num_servers()))
+        self._groups_made += 1
+        return keys
 
     def group_of(self, key):
         group = self.groups.get(key)
@@ -165,10 +168,15 @@ class KeyPlanner(object):
         return [g for g in self.holding_groups() if g.step > 0 and not g.retired]
 
     def new_packings(self):
-        """{server key: packing} of the groups the servers do not know yet (then known)."""
-        packings = {g.server_key: g.packing() for g in self._unregistered}
+        """{server key: packing} of the groups the servers do not know yet (then known), and
+        {server key: its twin} (key_groups.py)."""
+        packings, twins = {}, {}
+        for group in self._unregistered:
+            first, second = group.server_keys
+            packings[first] = packings[second] = group.packing()
+            twins[first], twins[second] = second, first
         self._unregistered = []
-        return packings
+        return packings, twins
 
     def forget_plans(self):
         """Plans read the optimizer's multipliers: made again after set_optimizer."""
@@ -249,7 +257,7 @@ class KeyPlanner(object):
     def _make_fused_group(self, member_keys, sources, templates, local, global_step):
         """One new group of `member_keys`, which carries over their W_t, W_{t-1} and local
         states from `sources` (their groups so far, retired now)."""
-        group = KeyGroup(self._allocate_server_key(), member_keys,
+        group = KeyGroup(self._allocate_server_keys(), member_keys,
                          [self._index[k] for k in member_keys], templates,
                          first_step=global_step)
         local.prepare(group)
@@ -266,6 +274,6 @@ class KeyPlanner(object):
         group.step = 0
         group.first_step = max(s.global_step for s in sources)
         self._unregistered.append(group)
-        self.raw.init(group.server_key, group.current)
+        init_server_keys(self.raw, group, group.current)
         for key in member_keys:
             self.groups[key] = group

@@ -6,21 +6,18 @@ wrapped in `ServerOptimizer`. A step hands the store the gradients of every para
 Module do through odsgd/trainer_hook.py (one call per step instead of one per parameter).
 For each key group (odsgd/key_groups.py: small parameters share one server key) at step t:
 
-1. warm-up (t < warmup_steps): copies the gradients into the group's send buffer, pushes it,
-   pulls W_{t+1} and copies it into the weights, as `dist_sync`;
-2. OD phase: one operator computes w_{t+1} of every parameter of the group from W_t, pulled
-   during the previous step, and the gradients (`LocalUpdater`), and copies the gradients into
-   the send buffer; then the store pushes it and pulls W_{t+1} into a buffer of its own.
+1. warm-up (t < warmup_steps): pushes the gradients, pulls W_{t+1} and copies it into the
+   weights, as `dist_sync`;
+2. OD phase: pushes the gradients, computes w_{t+1} of every parameter of the group in one
+   operator from W_t, pulled during the previous step, and the gradients (`LocalUpdater`),
+   and pulls W_{t+1} into a buffer of its own.
 
-The pull never lands in a gradient or a parameter array, so in MXNet's engine step t+1's
+The pushes and pulls go through odsgd/exchange.py: a push of step t leaves as soon as the
+gradient is there and the servers applied every round of step t-1, without waiting for the
+pull of W_t, so the link carries step t's pushes and step t-1's global weights at the same
+time. The pull never lands in a gradient or a parameter array, so in MXNet's engine step t+1's
 forward and backward depend on step t-1's pull only (through w_{t+1}), never on step t's push
 or pull: that communication overlaps step t+1's computation.
-
-MXNet's CPU dist store pulls into the last pushed array, so each step's pull writes the send
-buffer too, and the next step's copy into it waits for that pull: a worker's push t+1 is
-ordered after its pull t, hence after the servers finished update t. Without this order a fast
-worker's push t+1 could join the servers' round t (they count pushes, not workers). It costs no
-overlap: step t+1's local update waits for pull t-1 in any case.
 """
 import copy
 import logging
@@ -33,7 +30,8 @@ from . import server_updater as servers
 from .agreement import WorkerAgreement
 from .config import ODSGDConfig
 from .environment import check_environment, exit_on_uncaught_exception
-from .key_plan import KeyPlanner, check_dense
+from .exchange import RoundExchange
+from .key_plan import KeyPlanner, check_dense, init_server_keys
 from .local_update import LocalUpdater, fused_ops_take
 from .overlap import OverlapMeter
 
@@ -92,6 +90,7 @@ class DistODSGD(KVStoreBase):
         self.raw = mx.kv.create("dist_sync")
         exit_on_uncaught_exception()
         timeline.start_if_asked(self.rank)   # ODSGD_TIMELINE: a trace of this worker
+        self.exchange = RoundExchange(self.raw)
         self._server_multipliers = {}
         #: global steps made (pushes of the newest key group)
         self.global_step = 0
@@ -147,7 +146,7 @@ class DistODSGD(KVStoreBase):
         index = self.planner.index_of_new(key)
         self.agreement.check_same_shape(key, value)
         group = self.planner.add_key(key, index, value, self.global_step)
-        self.raw.init(group.server_key, value.reshape((-1,)))
+        init_server_keys(self.raw, group, value.reshape((-1,)))
         self.raw.pull(group.server_key, out=group.current)
         group.current.copyto(group.previous)
         # Gluon's Trainer broadcasts in its first step, after backward: MXNet's engine does not
@@ -158,9 +157,9 @@ class DistODSGD(KVStoreBase):
 
     def _register_packings(self):
         """Tells the servers the packings of new groups, before their first push."""
-        packings = self.planner.new_packings()
+        packings, twins = self.planner.new_packings()
         if packings:
-            servers.send_command(self.raw, servers.group_packings_command(packings))
+            servers.send_command(self.raw, servers.group_packings_command(packings, twins))
 
     # -- communication ---------------------------------------------------------------------
     def push(self, key, value, priority=0):
@@ -188,7 +187,7 @@ class DistODSGD(KVStoreBase):
             group = self.planner.group_of(k)
             if id(group) not in pulled:
                 scratch = group.scratch_buffer()
-                self.raw.pull(group.server_key, out=scratch, priority=priority)
+                self.exchange.pull(group, scratch, priority=priority)
                 pulled[id(group)] = scratch
             view = group.views(pulled[id(group)])[group.position(k)]
             for target in targets:
@@ -237,36 +236,41 @@ class DistODSGD(KVStoreBase):
     # -- one step of one group -------------------------------------------------------------
     def _gradients(self, group, grads):
         """The raw gradient of each parameter on the group's context: the arrays themselves
-        with one device, else their sum, written into the group's send buffer (whose views are
-        returned)."""
+        with one device, else their sum in the group's buffer for it."""
         if all(len(g) == 1 for g in grads):
-            return [g[0] for g in grads], False
-        views = group.views(group.send)
+            return [g[0] for g in grads]
+        views = group.views(group.summed_buffer())
         for view, per_device in zip(views, grads):
             mx.nd.add_n(*[g.as_in_context(group.context) for g in per_device], out=view)
-        return views, True
+        return views
+
+    def _push(self, group, gradients):
+        """Pushes the gradients of the group's next global step (odsgd/exchange.py)."""
+        self.exchange.push(group, group.global_step,
+                           lambda buffer: _gather(gradients, group, buffer))
+
+    def _pull_next(self, group):
+        """W_{t+1} (after the group's round of this step) into its older buffer, which becomes
+        its newest."""
+        self.exchange.pull(group, group.previous, step=group.global_step)
+        group.swap()
 
     def _exchange(self, group, grads):
-        """Warm-up and plain pushes: gradients into the send buffer, push, pull W_{t+1} into
-        the group's buffers."""
-        gradients, summed = self._gradients(group, grads)
-        if not summed:
-            _gather(gradients, group, group.send)
-        self.raw.push(group.server_key, group.send)
-        self.raw.pull(group.server_key, out=group.previous)
-        group.swap()
+        """Warm-up and plain pushes: push, then pull W_{t+1} into the group's buffers."""
+        self._push(group, self._gradients(group, grads))
+        self._pull_next(group)
 
     def _step(self, group, grads, weights, multipliers):
         step = group.global_step
         if step >= self.config.warmup_steps:
-            gradients, summed = self._gradients(group, grads)
-            # W_t is group.current, pulled during step t-1 (or W_0).
+            gradients = self._gradients(group, grads)
+            self._push(group, gradients)
+            # W_t is group.current, pulled during step t-1 (or W_0). The local update is
+            # queued before the pull of W_{t+1}, which overwrites W_{t-1} after it read it.
             self.overlap.measure_wait(group.server_key, step, gradients[0], group.current)
             self.local.update_group(group, step, [w[0] for w in weights], gradients,
-                                     multipliers, send=None if summed else group.send)
-            self.raw.push(group.server_key, group.send)
-            self.raw.pull(group.server_key, out=group.previous)
-            group.swap()
+                                     multipliers)
+            self._pull_next(group)
         else:
             self._exchange(group, grads)
             _scatter(group, group.current, [w[0] for w in weights])

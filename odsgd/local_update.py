@@ -200,22 +200,20 @@ class LocalRule(object):
                             num_workers=self.num_workers, lrs=lrs, wds=wds)
 
     # -- the step ------------------------------------------------------------------------------
-    def update_group(self, group, step, weights, grads, multipliers, send):
+    def update_group(self, group, step, weights, grads, multipliers):
         """w_{step+1} into `weights` (see LocalUpdater.update_group), fused where the
         operator takes the arrays, else as NDArray ops."""
         params = self.params(group, step, multipliers)
         arrays = list(weights) + list(grads) + [group.current, group.previous]
-        arrays += [a for a in (group.mom, group.var, send) if a is not None]
+        arrays += [a for a in (group.mom, group.var) if a is not None]
         if fused_ops_take(group, arrays):
             native.multi_update_(self.kind, weights, grads, group.current,
-                                 var_flat=group.var, send_flat=send, lrs=params.lrs,
+                                 var_flat=group.var, lrs=params.lrs,
                                  wds=params.wds, prev_decays=params.prev_decays,
                                  num_workers=params.num_workers, **self.fused_states(group),
                                  **params.shared())
             return
         self._log_fallback(weights[0])
-        if send is not None:
-            _copy_into(group, send, grads)
         W, W_prev = group.views(group.current), group.views(group.previous)
         moms = group.views(group.mom) if group.mom is not None else [None] * len(weights)
         variances = group.views(group.var) if group.var is not None else [None] * len(weights)
@@ -244,12 +242,6 @@ class LocalRule(object):
 
     def set_extra_states(self, saved):
         pass
-
-
-def _copy_into(group, flat, arrays):
-    """The group's parts of `flat` = `arrays` (the send buffer's copy of the gradients)."""
-    for view, array in zip(group.views(flat), arrays):
-        array.copyto(view)
 
 
 class _OwnRatesRule(LocalRule):
@@ -449,9 +441,7 @@ class MXOptimizerRule(_OwnRatesRule):
         given, 0 when it has none)."""
         return getattr(self.optimizer, "momentum", 0.0) or 0.0
 
-    def update_group(self, group, step, weights, grads, multipliers, send):
-        if send is not None:
-            _copy_into(group, send, grads)
+    def update_group(self, group, step, weights, grads, multipliers):
         optimizer = self.optimizer
         optimizer.rescale_grad = self.global_optimizer.rescale_grad
         lr = self.local_learning_rate(step)
@@ -520,7 +510,7 @@ class LocalUpdater(object):
                 setattr(group, name, mx.nd.zeros((group.total,), group.context,
                                                  dtype=group.dtype))
 
-    def update_group(self, group, step, weights, grads, multipliers, send=None):
+    def update_group(self, group, step, weights, grads, multipliers):
         """Writes w_{step+1} into `weights` (which hold w_step on entry), from the group's
         W_step (`group.current`) and W_{step-1} (`group.previous`). For 'predict' with the
         global optimizer NAG it also advances the estimate of the servers' NAG state
@@ -528,10 +518,9 @@ class LocalUpdater(object):
 
         weights, grads: one NDArray per parameter of the group, in its order and shapes, on the
         group's context; grads are raw (summed over this worker's devices). multipliers: per
-        parameter (lr_mult, wd_mult). send: when given, the group's flat send buffer, which
-        also receives the raw gradients (the copy the push needs), in the same operator."""
+        parameter (lr_mult, wd_mult)."""
         self.prepare(group)
-        self.rule.update_group(group, step, weights, grads, multipliers, send)
+        self.rule.update_group(group, step, weights, grads, multipliers)
 
     def update(self, key, step, weight, grad, global_weight, prev_global_weight,
                multipliers=(1.0, 1.0)):

@@ -51,6 +51,10 @@ _RUNNING = None
 _CONTROL_KEYS = set()
 #: Server key -> [(optimizer index, offset, size)] of the parameters it carries.
 _GROUPS = {}
+#: Server key -> the other key of its group (odsgd/key_groups.py: rounds alternate between
+#: them), and per group the newest of the two with its weight array (MXNet's stored array).
+_TWINS = {}
+_NEWEST = {}    # the group's first key -> (key, weight NDArray) of its last applied round
 #: Newest probe announced by a worker, and per parameter the probe whose round was skipped.
 _PROBING = {}   # server key: the newest probe round announced for it
 _PROBED = {}    # server key: the newest probe round taken out of its rounds
@@ -134,6 +138,7 @@ class ServerOptimizer(Optimizer):
         if not isinstance(index, (list, tuple)):
             if not _round_handled(index, weight, grad):
                 if index in _GROUPS:
+                    _start_from_newest(index, weight)
                     self._update_group(apply, _GROUPS[index], weight, grad)
                 else:
                     apply(index, weight, grad, state)
@@ -145,6 +150,7 @@ class ServerOptimizer(Optimizer):
                   [grad[i] for i in plain], [state[i] for i in plain])
         for i in kept:
             if index[i] in _GROUPS:
+                _start_from_newest(index[i], weight[i])
                 self._update_group(apply, _GROUPS[index[i]], weight[i], grad[i])
 
     def _update_group(self, apply, packing, weight, grad):
@@ -195,6 +201,20 @@ class ServerOptimizer(Optimizer):
             optimizer._index_update_count = counts.setdefault(0, {})
         else:
             optimizer._index_update_count = counts.get(0, {})
+
+
+def _start_from_newest(key, weight):
+    """Before a round of group key `key`: `weight` (its stored array) = the group's newest
+    global weights, which the last round wrote into the other key of the group when it was
+    that one. Both keys hold W_0 before the first round."""
+    twin = _TWINS.get(key)
+    if twin is None:
+        return
+    group = min(key, twin)
+    newest = _NEWEST.get(group)
+    if newest is not None and newest[0] == twin:
+        newest[1].copyto(weight)
+    _NEWEST[group] = (key, weight)
 
 
 def _round_handled(key, weight, grad):
@@ -313,17 +333,21 @@ def learning_rate_command(lr):
     return _command(_apply_learning_rate, float(lr))
 
 
-def _register_packings(packings):
+def _register_packings(packings, twins):
     for key, packing in packings.items():
         _GROUPS[key] = [tuple(int(x) for x in entry) for entry in packing]
+    _TWINS.update(twins)
     return _installed()
 
 
-def group_packings_command(packings):
-    """The body of the command that tells the servers which parameters their keys carry:
-    {server key: [(optimizer index, offset, size), ...]} (odsgd/key_groups.py)."""
-    return _command(_register_packings, {int(key): [tuple(int(x) for x in e) for e in packing]
-                                         for key, packing in packings.items()})
+def group_packings_command(packings, twins):
+    """The body of the command that tells the servers which parameters their keys carry,
+    {server key: [(optimizer index, offset, size), ...]}, and each key's twin, the other key
+    of its group, {server key: server key} (odsgd/key_groups.py)."""
+    return _command(_register_packings,
+                    {int(key): [tuple(int(x) for x in e) for e in packing]
+                     for key, packing in packings.items()},
+                    {int(key): int(twin) for key, twin in twins.items()})
 
 
 def _apply_multipliers(multipliers):

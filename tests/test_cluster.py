@@ -83,7 +83,7 @@ def test_gluoncv_schedule_reaches_the_servers(tmp_path):
 
 
 def test_slow_worker_never_has_a_round_overtaken(tmp_path):
-    """Round integrity of the exchange: worker 1 sleeps before every other step, so
+    """Round integrity of the pipelined exchange: worker 1 sleeps before every other step, so
     worker 0's next push is ready long before worker 1's push of the round the servers are
     collecting (they merge pushes by count). Every step of both workers, with momentum, wd,
     a rate that changes every step and a server key per parameter, must still
