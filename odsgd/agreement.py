@@ -157,7 +157,7 @@ class WorkerAgreement(object):
         scratches = []
         exchange = self.store.exchange
         for group in groups:
-            exchange.push(group, group.global_step, _zeros)
+            exchange.push(group, group.global_step, _zeros, counted=False)
             scratch = group.scratch_buffer()
             exchange.pull(group, scratch, step=group.global_step)
             scratches.append(scratch)

@@ -67,6 +67,8 @@ class KeyGroup(object):
     sends : the buffers the group pushes from, one per server key (MXNet's CPU store sends
         from the pushed array and pulls into it); on the CPU, where MXNet sends from.
     token : one element written when the group's last push was answered (exchange.py).
+    server_step : the global step the servers will give the group's next round (None: not
+        told yet; exchange.py, `sync_round_steps`).
     current, previous : W_t and W_{t-1}, the last two global weights; swapped each step.
     mom, var : the worker's local states (allocated by LocalUpdater), or None.
     first_step : the global step at which the group was made; `first_step + step` is the
@@ -98,13 +100,14 @@ class KeyGroup(object):
         send_context = self.context if self.context.device_type == "cpu" else mx.cpu_pinned(0)
         self.sends = [mx.nd.zeros((self.total,), send_context, dtype=self.dtype)
                       for _ in range(2)]
-        self.token = mx.nd.zeros((1,), send_context, dtype="float32")   # one dtype: add_n
+        self.token = mx.nd.zeros((1,), send_context, dtype=self.dtype)
         self._heads = {}
         self.summed = None           # the gradients summed over devices (several devices)
         self.mom = self.var = None
         self.scratch = None          # receives user pulls and probe rounds
         self.first_step = first_step
         self.step = 0
+        self.server_step = None      # global step the servers give its next round (exchange.py)
         self.retired = False         # its parameters moved to another group
         self.native_answers = {}     # ids of arrays -> whether the fused operators take them
         self._views = {}

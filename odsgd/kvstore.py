@@ -12,10 +12,10 @@ For each key group (odsgd/key_groups.py: small parameters share one server key) 
    operator from W_t, pulled during the previous step, and the gradients (`LocalUpdater`),
    and pulls W_{t+1} into a buffer of its own.
 
-The pushes and pulls go through odsgd/exchange.py: a push of step t leaves as soon as the
-gradient is there and the servers applied every round of step t-1, without waiting for the
-pull of W_t, so the link carries step t's pushes and step t-1's global weights at the same
-time. The pull never lands in a gradient or a parameter array, so in MXNet's engine step t+1's
+The pushes and pulls go through odsgd/exchange.py: a group's push of step t leaves as soon as
+the gradient is there and the servers applied the group's own round of step t-1, without
+waiting for the pull of W_t or for other groups, so the link carries step t's pushes and
+earlier global weights at the same time. The pull never lands in a gradient or a parameter array, so in MXNet's engine step t+1's
 forward and backward depend on step t-1's pull only (through w_{t+1}), never on step t's push
 or pull: that communication overlaps step t+1's computation.
 """
@@ -25,14 +25,14 @@ import logging
 import mxnet as mx
 from mxnet.kvstore import KVStoreBase
 
-from . import native, rates, state_files, timeline, worker_states
+from . import rates, state_files, timeline, worker_states
 from . import server_updater as servers
 from .agreement import WorkerAgreement
 from .config import ODSGDConfig
 from .environment import check_environment, exit_on_uncaught_exception
-from .exchange import RoundExchange
+from .exchange import RoundExchange, scatter, summed_gradients
 from .key_plan import KeyPlanner, check_dense, init_server_keys
-from .local_update import LocalUpdater, fused_ops_take
+from .local_update import LocalUpdater
 from .overlap import OverlapMeter
 
 LOG = logging.getLogger("odsgd")
@@ -170,8 +170,10 @@ class DistODSGD(KVStoreBase):
         plan = self.planner.plan(list(keys), [_as_list(v) for v in values], None, self.local,
                                  self.global_step)
         self._register_packings()
+        self.exchange.sync_round_steps([group for group, _ in plan.groups])
         for group, positions in plan.groups:
-            self._exchange(group, [_as_list(values[p]) for p in positions])
+            self.exchange.synchronous_round(
+                group, summed_gradients(group, [_as_list(values[p]) for p in positions]))
             group.step += 1
             self.global_step = max(self.global_step, group.global_step)
 
@@ -218,8 +220,10 @@ class DistODSGD(KVStoreBase):
         # One call is one global step of all its keys: a key that was not pushed for a while
         # (a frozen layer trained again) takes the step of the others.
         step = max(group.global_step for group, _ in plan.groups)
-        for position, (group, positions) in enumerate(plan.groups):
+        for group, _ in plan.groups:
             group.first_step = step - group.step
+        self.exchange.sync_round_steps([group for group, _ in plan.groups])
+        for position, (group, positions) in enumerate(plan.groups):
             self._step(group, [values[p] for p in positions], [outs[p] for p in positions],
                        plan.multipliers(position))
         self.global_optimizer.num_update = max(
@@ -234,46 +238,20 @@ class DistODSGD(KVStoreBase):
         return self.planner.holding_groups()
 
     # -- one step of one group -------------------------------------------------------------
-    def _gradients(self, group, grads):
-        """The raw gradient of each parameter on the group's context: the arrays themselves
-        with one device, else their sum in the group's buffer for it."""
-        if all(len(g) == 1 for g in grads):
-            return [g[0] for g in grads]
-        views = group.views(group.summed_buffer())
-        for view, per_device in zip(views, grads):
-            mx.nd.add_n(*[g.as_in_context(group.context) for g in per_device], out=view)
-        return views
-
-    def _push(self, group, gradients):
-        """Pushes the gradients of the group's next global step (odsgd/exchange.py)."""
-        self.exchange.push(group, group.global_step,
-                           lambda buffer: _gather(gradients, group, buffer))
-
-    def _pull_next(self, group):
-        """W_{t+1} (after the group's round of this step) into its older buffer, which becomes
-        its newest."""
-        self.exchange.pull(group, group.previous, step=group.global_step)
-        group.swap()
-
-    def _exchange(self, group, grads):
-        """Warm-up and plain pushes: push, then pull W_{t+1} into the group's buffers."""
-        self._push(group, self._gradients(group, grads))
-        self._pull_next(group)
-
     def _step(self, group, grads, weights, multipliers):
         step = group.global_step
+        gradients = summed_gradients(group, grads)
         if step >= self.config.warmup_steps:
-            gradients = self._gradients(group, grads)
-            self._push(group, gradients)
+            self.exchange.push_gradients(group, gradients)
             # W_t is group.current, pulled during step t-1 (or W_0). The local update is
             # queued before the pull of W_{t+1}, which overwrites W_{t-1} after it read it.
             self.overlap.measure_wait(group.server_key, step, gradients[0], group.current)
             self.local.update_group(group, step, [w[0] for w in weights], gradients,
                                      multipliers)
-            self._pull_next(group)
+            self.exchange.pull_next(group)
         else:
-            self._exchange(group, grads)
-            _scatter(group, group.current, [w[0] for w in weights])
+            self.exchange.synchronous_round(group, gradients)
+            scatter(group, group.current, [w[0] for w in weights])
         for per_device in weights:
             for weight in per_device[1:]:
                 per_device[0].copyto(weight)
@@ -420,27 +398,6 @@ def _server_safe(optimizer):
     sent = copy.copy(optimizer)   # pickled at once by set_optimizer
     sent.lr_scheduler = scheduler
     return sent
-
-
-def _gather(grads, group, flat):
-    """flat = the gradients end to end (the group's packing): one operator where the library takes
-    the arrays, else one copy per parameter."""
-    arrays = list(grads) + [flat]
-    if fused_ops_take(group, arrays):
-        native.gather_(list(grads), flat)
-        return
-    for grad, view in zip(grads, group.views(flat)):
-        grad.copyto(view)
-
-
-def _scatter(group, flat, weights):
-    """weights = their parts of `flat`: one operator, else one copy per parameter."""
-    arrays = list(weights) + [flat]
-    if fused_ops_take(group, arrays):
-        native.scatter_(flat, list(weights))
-        return
-    for view, weight in zip(group.views(flat), weights):
-        view.copyto(weight)
 
 
 def store_of(trainer_or_module, what):

@@ -55,6 +55,9 @@ _GROUPS = {}
 #: them), and per group the newest of the two with its weight array (MXNet's stored array).
 _TWINS = {}
 _NEWEST = {}    # the group's first key -> (key, weight NDArray) of its last applied round
+#: The group's first key -> the global step of its next round (told by the workers,
+#: `round_steps_command`), which sets the update count of that round.
+_ROUND_STEPS = {}
 #: Newest probe announced by a worker, and per parameter the probe whose round was skipped.
 _PROBING = {}   # server key: the newest probe round announced for it
 _PROBED = {}    # server key: the newest probe round taken out of its rounds
@@ -91,6 +94,8 @@ class ServerOptimizer(Optimizer):
         # Unpickled on a server: this object becomes the one the commands below act on.
         global _RUNNING
         super(ServerOptimizer, self).__setstate__(state)
+        if self.optimizer.lr_scheduler is not None:
+            self.optimizer.lr_scheduler = InOrderSchedule(self.optimizer.lr_scheduler)
         _RUNNING = self
 
     @property
@@ -138,8 +143,7 @@ class ServerOptimizer(Optimizer):
         if not isinstance(index, (list, tuple)):
             if not _round_handled(index, weight, grad):
                 if index in _GROUPS:
-                    _start_from_newest(index, weight)
-                    self._update_group(apply, _GROUPS[index], weight, grad)
+                    self._group_round(apply, index, weight, grad)
                 else:
                     apply(index, weight, grad, state)
             return
@@ -150,8 +154,22 @@ class ServerOptimizer(Optimizer):
                   [grad[i] for i in plain], [state[i] for i in plain])
         for i in kept:
             if index[i] in _GROUPS:
-                _start_from_newest(index[i], weight[i])
-                self._update_group(apply, _GROUPS[index[i]], weight[i], grad[i])
+                self._group_round(apply, index[i], weight[i], grad[i])
+
+    def _group_round(self, apply, key, weight, grad):
+        """One round of a group key: from the group's newest global weights, at the update
+        count dist_sync's servers have in that round. Rounds of different keys may arrive in
+        any order (odsgd/exchange.py); dist_sync applies every key's round t before any round
+        t+1, so its count in round t is begin_num_update + t + 1 for every key that trains
+        every step. `_update_count` then only raises it to the parameter's own count, which is
+        never higher."""
+        group = _group_of(key)
+        _start_from_newest(key, weight)
+        step = _ROUND_STEPS.get(group)
+        if step is not None:
+            self.optimizer.num_update = self.optimizer.begin_num_update + step + 1
+            _ROUND_STEPS[group] = step + 1
+        self._update_group(apply, _GROUPS[key], weight, grad)
 
     def _update_group(self, apply, packing, weight, grad):
         """The optimizer on each parameter of a fused key: its part of the flat weight and
@@ -210,11 +228,45 @@ def _start_from_newest(key, weight):
     twin = _TWINS.get(key)
     if twin is None:
         return
-    group = min(key, twin)
+    group = _group_of(key)
     newest = _NEWEST.get(group)
     if newest is not None and newest[0] == twin:
         newest[1].copyto(weight)
     _NEWEST[group] = (key, weight)
+
+
+def _group_of(key):
+    """The group a server key belongs to: the first of its two keys."""
+    return min(key, _TWINS.get(key, key))
+
+
+class InOrderSchedule(object):
+    """The global optimizer's schedule as a server asks it: at any recent update count, in any
+    order. Rounds of different keys can be a step apart (odsgd/exchange.py), while MXNet's
+    FactorScheduler and MultiFactorScheduler keep state that only moves forward (a count
+    before a boundary asked after one past it would get the decayed rate). Each count is
+    computed once, the first time it is asked, and remembered: counts are first asked in
+    increasing order, since a key's round t comes before its round t+1."""
+
+    KEEP = 64   # counts remembered: rounds are at most two steps apart
+
+    def __init__(self, schedule):
+        self.schedule = schedule
+        self.rates = {}
+
+    def __call__(self, count):
+        rate = self.rates.get(count)
+        if rate is None:
+            rate = self.rates[count] = self.schedule(count)
+            for old in [c for c in self.rates if c <= count - self.KEEP]:
+                del self.rates[old]
+        return rate
+
+    def __getattr__(self, name):
+        # base_lr, warmup settings, ...: the wrapped schedule's
+        if name == "schedule":
+            raise AttributeError(name)
+        return getattr(self.schedule, name)
 
 
 def _round_handled(key, weight, grad):
@@ -348,6 +400,18 @@ def group_packings_command(packings, twins):
                     {int(key): [tuple(int(x) for x in e) for e in packing]
                      for key, packing in packings.items()},
                     {int(key): int(twin) for key, twin in twins.items()})
+
+
+def _set_round_steps(steps):
+    for key, step in steps.items():
+        _ROUND_STEPS[_group_of(key)] = step
+    return _installed()
+
+
+def round_steps_command(steps):
+    """The body of the command that tells the servers the global step of each group's next
+    round, {server key: step} (a group's key, registered by group_packings_command before)."""
+    return _command(_set_round_steps, {int(key): int(step) for key, step in steps.items()})
 
 
 def _apply_multipliers(multipliers):
