@@ -12,14 +12,16 @@
  *     with every weight and gradient in its own allocation, and writes all 8 back to
  *     result.f32. case.txt holds, as whitespace-separated tokens:
  *       kind sgd|predict|nag_predict|gather|scatter
- *       flags CLIP ADAPTIVE SEND                    (0 or 1 each)
- *       hyper RESCALE_GRAD CLIP_GRADIENT MOMENTUM LAM BETA EPS NUM_WORKERS
+ *       flags CLIP ADAPTIVE SEND PREVIOUS           (0 or 1 each)
+ *       hyper RESCALE_GRAD CLIP_GRADIENT MOMENTUM LAM BETA EPS
  *       sizes P N_0 ... N_{P-1}
- *       lrs L_0 ... / wds D_0 ... / prev_decays Q_0 ...   (P numbers each)
+ *       lrs L_0 ... / wds D_0 ... / prev_decays Q_0 ... / own_scales S_0 ... /
+ *       prev_scales R_0 ...                          (P numbers each)
  *     Gather reads the weights into flat; scatter writes flat into the weights.
  *   odsgd_gpu_check bench REPEATS N_0 ... N_{P-1}
  *     Times, with CUDA events, a device-to-device copy of N = N_0 + ... + N_{P-1} floats,
- *     and for every update kind and compensation mode: a plain grid-stride kernel on one
+ *     and for every update kind (the predicts also with PREVIOUS) and compensation mode: a
+ *     plain grid-stride kernel on one
  *     array of N (the launch of the single-array operators this family replaced), the
  *     multi-array call (table upload + kernel) on one array of N and on the P arrays; and
  *     gather and scatter on one array and on P. Prints `time LABEL MEDIAN_S MIN_S` lines.
@@ -79,10 +81,10 @@ MultiKind KindOf(const std::string& name) {
 /*! \brief One call, as case.txt describes it. */
 struct Case {
   MultiKind kind = MultiKind::kLocal;
-  bool clip = false, adaptive = false, send = false;
+  bool clip = false, adaptive = false, send = false, previous = false;
   UpdateParams p{};
   std::vector<int64_t> sizes;
-  std::vector<float> lrs, wds, prev_decays;
+  std::vector<float> lrs, wds, prev_decays, own_scales, prev_scales;
 };
 
 Case ReadCase(const std::string& path) {
@@ -96,11 +98,11 @@ Case ReadCase(const std::string& path) {
       in >> name;
       c.kind = KindOf(name);
     } else if (key == "flags") {
-      in >> c.clip >> c.adaptive >> c.send;
+      in >> c.clip >> c.adaptive >> c.send >> c.previous;
     } else if (key == "hyper") {
-      double h[7];
+      double h[6];
       for (double& x : h) in >> x;
-      c.p = odsgd::MakeUpdateParams(h[0], h[1], h[2], h[3], h[4], h[5], h[6]);
+      c.p = odsgd::MakeUpdateParams(h[0], h[1], h[2], h[3], h[4], h[5]);
     } else if (key == "sizes") {
       size_t num = 0;
       in >> num;
@@ -108,7 +110,9 @@ Case ReadCase(const std::string& path) {
       for (int64_t& n : c.sizes) in >> n;
     } else {
       std::vector<float>* list = key == "lrs" ? &c.lrs : key == "wds" ? &c.wds
-                                 : key == "prev_decays" ? &c.prev_decays : nullptr;
+                                 : key == "prev_decays" ? &c.prev_decays
+                                 : key == "own_scales" ? &c.own_scales
+                                 : key == "prev_scales" ? &c.prev_scales : nullptr;
       if (list == nullptr) Fail("unknown key '" + key + "' in " + path);
       list->resize(c.sizes.size());
       for (float& x : *list) {
@@ -122,6 +126,8 @@ Case ReadCase(const std::string& path) {
   c.lrs.resize(c.sizes.size(), 0.0f);
   c.wds.resize(c.sizes.size(), 0.0f);
   c.prev_decays.resize(c.sizes.size(), 0.0f);
+  c.own_scales.resize(c.sizes.size(), 0.0f);
+  c.prev_scales.resize(c.sizes.size(), 0.0f);
   return c;
 }
 
@@ -135,7 +141,7 @@ void Table(const Case& c, const std::vector<float*>& weights, const std::vector<
   std::vector<odsgd::SegmentSpec> specs(c.sizes.size());
   for (size_t k = 0; k < specs.size(); ++k) {
     specs[k] = odsgd::SegmentSpec{c.sizes[k], nullptr, nullptr, c.lrs[k], c.wds[k],
-                                  c.prev_decays[k]};
+                                  c.prev_decays[k], c.own_scales[k], c.prev_scales[k]};
     if (c.kind == MultiKind::kGather) {
       specs[k].in = weights[k];
     } else {
@@ -155,8 +161,8 @@ void Call(const Case& c, const odsgd::HostSegmentTable& table, void* device_tabl
                                            stream),
               "table upload");
   CheckLaunch(odsgd::LaunchMultiCuda(c.kind, table.tiles, static_cast<int>(c.sizes.size()),
-                                     device_table, c.p, c.clip, c.adaptive, c.send, flat,
-                                     stream),
+                                     device_table, c.p, c.clip, c.adaptive, c.send,
+                                     c.previous, flat, stream),
               "LaunchMultiCuda");
 }
 
@@ -234,7 +240,7 @@ void RunCase(const std::string& dir) {
 /*! \brief The single-array operators' kernel that this family replaced: one grid-stride
  *  loop over one array, 256 threads a block, at most 65535 blocks. The reference the
  *  multi-array kernel's bandwidth is held to. */
-template <MultiKind kKind, bool kAdaptive>
+template <MultiKind kKind, bool kAdaptive, bool kPrev>
 __global__ void GridStrideOneArray(int64_t n, UpdateParams p, float* __restrict__ w,
                                    const float* __restrict__ grad,
                                    const float* __restrict__ global_w, float* __restrict__ aux,
@@ -242,17 +248,18 @@ __global__ void GridStrideOneArray(int64_t n, UpdateParams p, float* __restrict_
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    odsgd::UpdateAt<kKind, false, kAdaptive, false>(i, p, w, grad, global_w, aux, est, var,
-                                                    nullptr);
+    odsgd::UpdateAt<kKind, false, kAdaptive, false, kPrev>(i, p, w, grad, global_w, aux, est,
+                                                           var, nullptr);
   }
 }
 
 template <MultiKind kKind>
-void LaunchGridStride(bool adaptive, int64_t n, const UpdateParams& p, float* w,
+void LaunchGridStride(bool adaptive, bool previous, int64_t n, const UpdateParams& p, float* w,
                       const float* grad, const FlatArrays& f, cudaStream_t s) {
   const int blocks = static_cast<int>(std::min<int64_t>(65535, (n + 255) / 256));
-  odsgd::DispatchBool(adaptive, [&](auto kadaptive) {
-    GridStrideOneArray<kKind, decltype(kadaptive)::value>
+  odsgd::DispatchFlags<kKind>(false, adaptive, false, previous,
+                              [&](auto, auto kadaptive, auto, auto kprevious) {
+    GridStrideOneArray<kKind, decltype(kadaptive)::value, decltype(kprevious)::value>
         <<<blocks, 256, 0, s>>>(n, p, w, grad, f.global_w, f.aux, f.est, f.var);
   });
   Check(cudaGetLastError(), "grid-stride kernel");
@@ -263,11 +270,13 @@ void GridStride(const Case& c, const odsgd::HostSegmentTable& table, float* w,
                 const float* grad, const FlatArrays& f, cudaStream_t s) {
   const UpdateParams q = odsgd::ParamsOf(c.p, table.view, 0);
   if (c.kind == MultiKind::kLocal) {
-    LaunchGridStride<MultiKind::kLocal>(c.adaptive, table.total, q, w, grad, f, s);
+    LaunchGridStride<MultiKind::kLocal>(c.adaptive, false, table.total, q, w, grad, f, s);
   } else if (c.kind == MultiKind::kPredict) {
-    LaunchGridStride<MultiKind::kPredict>(c.adaptive, table.total, q, w, grad, f, s);
+    LaunchGridStride<MultiKind::kPredict>(c.adaptive, c.previous, table.total, q, w, grad, f,
+                                          s);
   } else {
-    LaunchGridStride<MultiKind::kNagPredict>(c.adaptive, table.total, q, w, grad, f, s);
+    LaunchGridStride<MultiKind::kNagPredict>(c.adaptive, c.previous, table.total, q, w, grad,
+                                             f, s);
   }
 }
 
@@ -338,20 +347,33 @@ void Bench(int repeats, const std::vector<int64_t>& sizes) {
     Check(cudaMemcpyAsync(flat[kSend], flat[kGlobal], total * 4, cudaMemcpyDeviceToDevice, s),
           "cudaMemcpyAsync");
   });
-  const char* names[] = {"sgd", "predict", "nag_predict", "gather", "scatter"};
-  for (const char* name : names) {
+  // label, kind, previous: the predicts also with the previous round's sum in the estimate
+  const struct { const char* label; const char* kind; bool previous; } calls[] = {
+      {"sgd", "sgd", false},
+      {"predict", "predict", false},
+      {"predict+previous", "predict", true},
+      {"nag_predict", "nag_predict", false},
+      {"nag_predict+previous", "nag_predict", true},
+      {"gather", "gather", false},
+      {"scatter", "scatter", false}};
+  for (const auto& call : calls) {
+    const char* name = call.label;
     Case many;
-    many.kind = KindOf(name);
-    many.p = odsgd::MakeUpdateParams(1.0 / 256, -1.0, 0.9, 0.04, 0.95, 1e-7, 4.0);
+    many.kind = KindOf(call.kind);
+    many.previous = call.previous;
+    many.p = odsgd::MakeUpdateParams(1.0 / 256, -1.0, 0.9, 0.04, 0.95, 1e-7);
     many.sizes = sizes;
     many.lrs.assign(sizes.size(), 0.05f);
     many.wds.assign(sizes.size(), 1e-4f);
     many.prev_decays.assign(sizes.size(), 5e-6f);
+    many.own_scales.assign(sizes.size(), call.previous ? 1.0f : 4.0f);
+    many.prev_scales.assign(sizes.size(), call.previous ? 0.75f : 0.0f);
     Case one = many;
     one.sizes = {total};
-    one.lrs.resize(1);
-    one.wds.resize(1);
-    one.prev_decays.resize(1);
+    for (auto* list : {&one.lrs, &one.wds, &one.prev_decays, &one.own_scales,
+                       &one.prev_scales}) {
+      list->resize(1);
+    }
     for (int adaptive = 0; adaptive < (IsUpdate(many.kind) ? 2 : 1); ++adaptive) {
       many.adaptive = one.adaptive = adaptive != 0;
       const std::string suffix = std::string(name) + (IsUpdate(many.kind)

@@ -35,19 +35,20 @@ struct UpdateParams {
   float beta;            // adaptive mode: decay of v
   float one_minus_beta;  // (float)(1.0 - beta) computed in double, as the reference does
   float eps;             // adaptive mode: added to v before the square root
-  float num_workers;     // predict only: N, the number of workers
-  float prev_decay;      // NAG predict only: lr * wd of the servers' round that made W
+  float own_scale;       // predicts only: the weight of gc in the estimate G_hat of round t's sum
+  float prev_scale;      // predicts with kPrev only: the weight of lr_{t-1} G_{t-1} in lr G_hat
+  float prev_decay;      // NAG predict, and predict with kPrev: lr * wd of the round that made W
   float one_plus_momentum;  // NAG predict only: momentum + 1.0f in float32, as MXNet's kernel
 };
 
 /*!
  * \brief The shared hyper-parameters of a call from its attribute values. Each is rounded to
  *  float32 once, as the NumPy reference's np.float32(x) does; 1 - beta is formed in double
- *  first (like the reference), 1 + momentum in float32 (like MXNet's nag_mom_update). lr, wd
- *  and prev_decay are per array (ParamsOf).
+ *  first (like the reference), 1 + momentum in float32 (like MXNet's nag_mom_update). lr, wd,
+ *  own_scale, prev_scale and prev_decay are per array (ParamsOf).
  */
 inline UpdateParams MakeUpdateParams(double rescale_grad, double clip_gradient, double momentum,
-                                     double lam, double beta, double eps, double num_workers) {
+                                     double lam, double beta, double eps) {
   UpdateParams p{};
   p.rescale_grad = static_cast<float>(rescale_grad);
   p.clip_gradient = static_cast<float>(clip_gradient);
@@ -56,7 +57,6 @@ inline UpdateParams MakeUpdateParams(double rescale_grad, double clip_gradient, 
   p.beta = static_cast<float>(beta);
   p.one_minus_beta = static_cast<float>(1.0 - beta);
   p.eps = static_cast<float>(eps);
-  p.num_workers = static_cast<float>(num_workers);
   p.one_plus_momentum = p.momentum + 1.0f;
   return p;
 }
@@ -100,15 +100,26 @@ ODSGD_HOST_DEVICE float LocalStep(const UpdateParams& p, float w, float grad, fl
 
 /*!
  * \brief One element of the 'predict' step. Returns w_{t+1}; updates v in adaptive mode.
- *  gc = g + lam c g g (W - w);  w_{t+1} = W + mu (W - W_prev) - lr (N gc + wd W)
+ *  gc = g + lam c g g (W - w);  w_{t+1} = W + mu (W - W_prev) - lr (s_own gc + wd W)
+ *  (s_own = N: the default estimate N gc of round t's sum, docs/predict.md). With kPrev the
+ *  estimate also takes the previous round's sum: SGD's server momentum after round t-1 is
+ *  W - W_prev, and *est holds the one before it (W_prev - W_prev2, this step's last call), so
+ *  mom_t = mu mom_{t-1} - lr_{t-1} (G_{t-1} + wd_{t-1} W_prev) gives
+ *  P = lr_{t-1} G_{t-1} = mu est - (W - W_prev) - prev_decay W_prev;  est = W - W_prev;
+ *  w_{t+1} -= s_prev P   (s_prev = c_prev lr_t / lr_{t-1}).
  */
-template <bool kClip, bool kAdaptive>
+template <bool kClip, bool kAdaptive, bool kPrev>
 ODSGD_HOST_DEVICE float PredictStep(const UpdateParams& p, float w, float grad, float W,
-                                    float W_prev, float* v) {
+                                    float W_prev, float* est, float* v) {
   const float g = RescaleClip<kClip>(p, grad);
   const float c = CompensationScale<kAdaptive>(p, g, v);
   const float gc = g + p.lam * c * g * g * (W - w);
-  return W + p.momentum * (W - W_prev) - p.lr * (p.num_workers * gc + p.wd * W);
+  const float next = W + p.momentum * (W - W_prev) - p.lr * (p.own_scale * gc + p.wd * W);
+  if (!kPrev) return next;
+  const float dW = W - W_prev;
+  const float prev_sum = p.momentum * *est - dW - p.prev_decay * W_prev;
+  *est = dW;
+  return next - p.prev_scale * prev_sum;
 }
 
 /*!
@@ -118,21 +129,28 @@ ODSGD_HOST_DEVICE float PredictStep(const UpdateParams& p, float w, float grad, 
  *  W' = (W - a) + (1 + mu) (a - lr (G + wd W)); mom' = a - lr (G + wd W') (it reads the
  *  weight after writing it), so from dW = W_t - W_{t-1} and the previous round's lr * wd:
  *  m  = (dW + mu m) / (1 + mu) - prev_decay dW
- *  gc = g + lam c g g (W - w);  d = N gc + wd W;  a = mu m
- *  w_{t+1} = (W - a) + (1 + mu) (a - lr d)          (NAG's weight update with G = N gc)
+ *  gc = g + lam c g g (W - w);  d = s_own gc + wd W;  a = mu m
+ *  w_{t+1} = (W - a) + (1 + mu) (a - lr d)          (NAG's weight update with G = s_own gc)
+ *  With kPrev the estimate also takes the previous round's sum, which the state rule
+ *  mom_t = mu mom_{t-1} - lr_{t-1} G_{t-1} - prev_decay W gives from m before and after:
+ *  P = lr_{t-1} G_{t-1} = mu m_old - m - prev_decay W;  the bracket becomes
+ *  (a - lr d - s_prev P).
  */
-template <bool kClip, bool kAdaptive>
+template <bool kClip, bool kAdaptive, bool kPrev>
 ODSGD_HOST_DEVICE float NagPredictStep(const UpdateParams& p, float w, float grad, float W,
                                        float W_prev, float* m, float* v) {
   const float g = RescaleClip<kClip>(p, grad);
   const float c = CompensationScale<kAdaptive>(p, g, v);
   const float gc = g + p.lam * c * g * g * (W - w);
   const float dW = W - W_prev;
-  const float m_t = (dW + p.momentum * *m) / p.one_plus_momentum - p.prev_decay * dW;
+  const float m_old = *m;
+  const float m_t = (dW + p.momentum * m_old) / p.one_plus_momentum - p.prev_decay * dW;
   *m = m_t;
   const float a = p.momentum * m_t;
-  const float d = p.num_workers * gc + p.wd * W;
-  return (W - a) + p.one_plus_momentum * (a - p.lr * d);
+  const float d = p.own_scale * gc + p.wd * W;
+  float bracket = a - p.lr * d;
+  if (kPrev) bracket = bracket - p.prev_scale * (p.momentum * m_old - m_t - p.prev_decay * W);
+  return (W - a) + p.one_plus_momentum * bracket;
 }
 
 /*!
@@ -153,21 +171,26 @@ ODSGD_HOST_DEVICE void LocalUpdateAt(int64_t i, const UpdateParams& p, float* w,
   if (kAdaptive) var[i] = v;
 }
 
-/*! \brief One element i of the 'predict' step on whole arrays (see LocalUpdateAt). */
-template <bool kClip, bool kAdaptive, bool kSend>
+/*! \brief One element i of the 'predict' step on whole arrays (see LocalUpdateAt); `est`
+ *  (the last change of the global weights) is only touched when kPrev. */
+template <bool kClip, bool kAdaptive, bool kSend, bool kPrev>
 ODSGD_HOST_DEVICE void PredictUpdateAt(int64_t i, const UpdateParams& p, float* w,
                                        const float* grad, const float* global_w,
-                                       const float* prev_global_w, float* var, float* send) {
+                                       const float* prev_global_w, float* est, float* var,
+                                       float* send) {
   const float raw = grad[i];
   if (kSend) send[i] = raw;
+  float e = kPrev ? est[i] : 0.0f;
   float v = kAdaptive ? var[i] : 0.0f;
-  w[i] = PredictStep<kClip, kAdaptive>(p, w[i], raw, global_w[i], prev_global_w[i], &v);
+  w[i] = PredictStep<kClip, kAdaptive, kPrev>(p, w[i], raw, global_w[i], prev_global_w[i], &e,
+                                              &v);
+  if (kPrev) est[i] = e;
   if (kAdaptive) var[i] = v;
 }
 
 /*! \brief One element i of the NAG 'predict' step on whole arrays (see LocalUpdateAt);
  *  `est` is the estimate m of the servers' NAG state. */
-template <bool kClip, bool kAdaptive, bool kSend>
+template <bool kClip, bool kAdaptive, bool kSend, bool kPrev>
 ODSGD_HOST_DEVICE void NagPredictUpdateAt(int64_t i, const UpdateParams& p, float* w,
                                           const float* grad, const float* global_w,
                                           const float* prev_global_w, float* est, float* var,
@@ -176,8 +199,8 @@ ODSGD_HOST_DEVICE void NagPredictUpdateAt(int64_t i, const UpdateParams& p, floa
   if (kSend) send[i] = raw;
   float m = est[i];
   float v = kAdaptive ? var[i] : 0.0f;
-  w[i] = NagPredictStep<kClip, kAdaptive>(p, w[i], raw, global_w[i], prev_global_w[i], &m,
-                                          &v);
+  w[i] = NagPredictStep<kClip, kAdaptive, kPrev>(p, w[i], raw, global_w[i], prev_global_w[i],
+                                                 &m, &v);
   est[i] = m;
   if (kAdaptive) var[i] = v;
 }
@@ -186,12 +209,19 @@ ODSGD_HOST_DEVICE void NagPredictUpdateAt(int64_t i, const UpdateParams& p, floa
  *  'predict' step for the global optimizer NAG. */
 enum class MultiKind { kLocal, kPredict, kNagPredict, kGather, kScatter };
 
+/*! \brief Whether an update kind reads and writes `est`: the NAG estimate always, the SGD
+ *  predict's last weight change only when it uses the previous round's sum (kPrev). */
+template <MultiKind kKind, bool kPrev>
+constexpr bool kUsesEst =
+    kKind == MultiKind::kNagPredict || (kKind == MultiKind::kPredict && kPrev);
+
 /*!
  * \brief One element i of an update kind (kLocal, kPredict, kNagPredict) on whole arrays:
  *  `aux` is mom (kLocal, written) or prev_global_weight (the predicts, read only); `est` is
- *  only touched by kNagPredict, `var` only when kAdaptive, `send` only when kSend.
+ *  only touched where kUsesEst, `var` only when kAdaptive, `send` only when kSend. kPrev (the
+ *  predicts' estimate takes the previous round's sum) means nothing to kLocal.
  */
-template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend>
+template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend, bool kPrev>
 ODSGD_HOST_DEVICE void UpdateAt(int64_t i, const UpdateParams& p, float* w, const float* grad,
                                 const float* global_w, float* aux, float* est, float* var,
                                 float* send) {
@@ -200,9 +230,11 @@ ODSGD_HOST_DEVICE void UpdateAt(int64_t i, const UpdateParams& p, float* w, cons
   if (kKind == MultiKind::kLocal) {
     LocalUpdateAt<kClip, kAdaptive, kSend>(i, p, w, grad, global_w, aux, var, send);
   } else if (kKind == MultiKind::kPredict) {
-    PredictUpdateAt<kClip, kAdaptive, kSend>(i, p, w, grad, global_w, aux, var, send);
+    PredictUpdateAt<kClip, kAdaptive, kSend, kPrev>(i, p, w, grad, global_w, aux, est, var,
+                                                    send);
   } else {
-    NagPredictUpdateAt<kClip, kAdaptive, kSend>(i, p, w, grad, global_w, aux, est, var, send);
+    NagPredictUpdateAt<kClip, kAdaptive, kSend, kPrev>(i, p, w, grad, global_w, aux, est, var,
+                                                       send);
   }
 }
 
@@ -220,11 +252,22 @@ void DispatchBool(bool flag, Fn fn) {
   }
 }
 
-/*! \brief DispatchBool for the (clip, adaptive) pair of every update kernel. */
-template <typename Fn>
-void DispatchFlags(bool clip, bool adaptive, Fn fn) {
+/*! \brief DispatchBool for the (clip, adaptive, send, previous) flags of an update kernel
+ *  of kind kKind: fn(kclip, kadaptive, ksend, kprevious). kPrev means nothing to kLocal, which
+ *  gets std::false_type only (no instantiations that differ in nothing). */
+template <MultiKind kKind, typename Fn>
+void DispatchFlags(bool clip, bool adaptive, bool send, bool previous, Fn fn) {
   DispatchBool(clip, [&](auto kclip) {
-    DispatchBool(adaptive, [&](auto kadaptive) { fn(kclip, kadaptive); });
+    DispatchBool(adaptive, [&](auto kadaptive) {
+      DispatchBool(send, [&](auto ksend) {
+        if constexpr (kKind == MultiKind::kLocal) {
+          fn(kclip, kadaptive, ksend, std::false_type());
+        } else {
+          DispatchBool(previous,
+                       [&](auto kprevious) { fn(kclip, kadaptive, ksend, kprevious); });
+        }
+      });
+    });
   });
 }
 
@@ -246,8 +289,9 @@ constexpr int64_t kCudaTileElements = kCudaThreadsPerBlock * kCudaElementsPerThr
  * \brief The per-array part of a multi-array call, as one block of memory (host or device):
  *  offsets[P+1] and tiles[P+1] (int64: the first flat element and the first CUDA tile of
  *  array k; [P] holds the totals), out[P] and in[P] (float pointers: the written arrays,
- *  e.g. the weights, and the read ones, e.g. the gradients), lr[P], wd[P] and
- *  prev_decay[P] (float32; prev_decay is only read by the NAG 'predict' kind, 0 otherwise).
+ *  e.g. the weights, and the read ones, e.g. the gradients), lr[P], wd[P], prev_decay[P],
+ *  own_scale[P] and prev_scale[P] (float32; the last three are only read by the predicts,
+ *  prev_scale only with kPrev, prev_decay by the NAG predict and with kPrev; 0 otherwise).
  */
 struct SegmentTable {
   const int64_t* offsets;
@@ -257,11 +301,13 @@ struct SegmentTable {
   const float* lr;
   const float* wd;
   const float* prev_decay;
+  const float* own_scale;
+  const float* prev_scale;
 };
 
 /*! \brief Bytes of a SegmentTable block for `num` arrays (every part stays 8-byte aligned). */
 inline int64_t SegmentTableBytes(int num) {
-  const int64_t floats = 3 * static_cast<int64_t>(num) * static_cast<int64_t>(sizeof(float));
+  const int64_t floats = 5 * static_cast<int64_t>(num) * static_cast<int64_t>(sizeof(float));
   return 2 * static_cast<int64_t>(num + 1) * 8 + 2 * static_cast<int64_t>(num) * 8 +
          ((floats + 7) / 8) * 8;
 }
@@ -278,6 +324,8 @@ ODSGD_HOST_DEVICE SegmentTable ViewSegmentTable(const void* block, int num) {
   t.lr = reinterpret_cast<const float*>(base + (4 * n + 2) * 8);
   t.wd = t.lr + num;
   t.prev_decay = t.wd + num;
+  t.own_scale = t.prev_decay + num;
+  t.prev_scale = t.own_scale + num;
   return t;
 }
 
@@ -286,7 +334,7 @@ struct SegmentSpec {
   int64_t size;         // elements
   float* out;           // the array written (weights[k]; scatter: arrays[k]), or nullptr
   const float* in;      // the array read (grads[k]; gather: arrays[k]), or nullptr
-  float lr, wd, prev_decay;
+  float lr, wd, prev_decay, own_scale, prev_scale;
 };
 
 /*! \brief A SegmentTable block in host memory, built by BuildSegmentTable. */
@@ -310,6 +358,8 @@ inline void BuildSegmentTable(const std::vector<SegmentSpec>& specs, HostSegment
   auto* lr = const_cast<float*>(table->view.lr);
   auto* wd = const_cast<float*>(table->view.wd);
   auto* prev_decay = const_cast<float*>(table->view.prev_decay);
+  auto* own_scale = const_cast<float*>(table->view.own_scale);
+  auto* prev_scale = const_cast<float*>(table->view.prev_scale);
   int64_t total = 0, tile = 0;
   for (int k = 0; k < num; ++k) {
     const SegmentSpec& s = specs[k];
@@ -320,6 +370,8 @@ inline void BuildSegmentTable(const std::vector<SegmentSpec>& specs, HostSegment
     lr[k] = s.lr;
     wd[k] = s.wd;
     prev_decay[k] = s.prev_decay;
+    own_scale[k] = s.own_scale;
+    prev_scale[k] = s.prev_scale;
     total += s.size;
     tile += (s.size + kCudaTileElements - 1) / kCudaTileElements;
   }
@@ -345,19 +397,24 @@ ODSGD_HOST_DEVICE int FindSegment(const int64_t* starts, int num, int64_t i) {
   return lo;
 }
 
-/*! \brief Hyper-parameters of array k: the call's, with array k's lr, wd and prev_decay. */
+/*! \brief Hyper-parameters of array k: the call's, with array k's lr, wd, prev_decay,
+ *  own_scale and prev_scale. */
 ODSGD_HOST_DEVICE UpdateParams ParamsOf(const UpdateParams& p, const SegmentTable& t, int k) {
   UpdateParams q = p;
   q.lr = t.lr[k];
   q.wd = t.wd[k];
   q.prev_decay = t.prev_decay[k];
+  q.own_scale = t.own_scale[k];
+  q.prev_scale = t.prev_scale[k];
   return q;
 }
 
 /*! \brief The flat arrays of a multi-array call (device or host pointers). `aux` is mom
- *  (kLocal) or prev_global_weight (kPredict, kNagPredict); `est` the estimate of the
- *  servers' NAG state (kNagPredict only); `var` and `send` are only touched when the
- *  call is adaptive / has a send buffer. For kGather/kScatter only `flat` is used. */
+ *  (kLocal) or prev_global_weight (kPredict, kNagPredict); `est` the worker's copy of the
+ *  servers' optimizer state (kNagPredict: the estimate of the NAG state; kPredict with
+ *  kPrev: the last change of the global weights, SGD's momentum); `var` and `send` are only
+ *  touched when the call is adaptive / has a send buffer. For kGather/kScatter only `flat`
+ *  is used. */
 struct FlatArrays {
   const float* global_w;
   float* aux;
@@ -376,11 +433,11 @@ struct FlatArrays {
 /*!
  * \brief One kernel over all arrays of a multi-array call: `tiles` blocks (the host table's
  *  tiles[P]; 0 launches nothing). `device_table` is the SegmentTable block of `num` arrays
- *  in device memory; `p` gives the shared hyper-parameters (each array's lr, wd and
- *  prev_decay come from the table).
+ *  in device memory; `p` gives the shared hyper-parameters (each array's lr, wd,
+ *  prev_decay, own_scale and prev_scale come from the table); `previous`: kPrev.
  */
 int LaunchMultiCuda(MultiKind kind, int64_t tiles, int num, const void* device_table,
-                    const UpdateParams& p, bool clip, bool adaptive, bool send,
+                    const UpdateParams& p, bool clip, bool adaptive, bool send, bool previous,
                     const FlatArrays& flat, void* stream);
 /*! \brief Asynchronous copy of `bytes` bytes on `stream`, device to device. */
 int CopyDeviceAsync(void* dst, const void* src, int64_t bytes, void* stream);

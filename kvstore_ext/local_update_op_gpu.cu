@@ -32,13 +32,13 @@ namespace {
  *  store itself (it cannot tell that the arrays do not overlap; the operator refuses arrays
  *  that do, except a weight updated in place, which is read and written at the same i).
  */
-template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend>
+template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend, bool kPrev>
 __device__ __forceinline__ void UpdateTile(int64_t begin, int64_t end, const UpdateParams& p,
                                            float* w, const float* grad, const float* global_w,
                                            float* aux, float* est, float* var, float* send) {
   constexpr int kR = kCudaElementsPerThread;
   constexpr bool kWritesAux = kKind == MultiKind::kLocal;   // mom; the predicts read W_prev
-  constexpr bool kNag = kKind == MultiKind::kNagPredict;
+  constexpr bool kEst = kUsesEst<kKind, kPrev>;
   float rw[kR], rgrad[kR], rglobal[kR], raux[kR], rest[kR], rvar[kR], rsend[kR];
 #pragma unroll
   for (int r = 0; r < kR; ++r) {
@@ -48,7 +48,7 @@ __device__ __forceinline__ void UpdateTile(int64_t begin, int64_t end, const Upd
       rgrad[r] = grad[i];
       rglobal[r] = global_w[i];
       raux[r] = aux[i];
-      if (kNag) rest[r] = est[i];
+      if (kEst) rest[r] = est[i];
       if (kAdaptive) rvar[r] = var[i];
     }
   }
@@ -57,11 +57,11 @@ __device__ __forceinline__ void UpdateTile(int64_t begin, int64_t end, const Upd
     const int64_t i = begin + static_cast<int64_t>(r) * kCudaThreadsPerBlock;
     if (i < end) {
       // The same per-element code as the CPU, on this thread's registers.
-      UpdateAt<kKind, kClip, kAdaptive, kSend>(r, p, rw, rgrad, rglobal, raux, rest, rvar,
-                                               rsend);
+      UpdateAt<kKind, kClip, kAdaptive, kSend, kPrev>(r, p, rw, rgrad, rglobal, raux, rest,
+                                                      rvar, rsend);
       w[i] = rw[r];
       if (kWritesAux) aux[i] = raux[r];
-      if (kNag) est[i] = rest[r];
+      if (kEst) est[i] = rest[r];
       if (kAdaptive) var[i] = rvar[r];
       if (kSend) send[i] = rsend[r];
     }
@@ -86,7 +86,7 @@ __device__ __forceinline__ void CopyTile(int64_t begin, int64_t end, const float
 
 /*! \brief All arrays of a multi-array call, one tile per block; kKind picks update,
  *  gather or scatter. */
-template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend>
+template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend, bool kPrev>
 __global__ void __launch_bounds__(kCudaThreadsPerBlock)
     MultiKernel(int num, const void* __restrict__ table_block, UpdateParams p, FlatArrays f) {
   const SegmentTable t = ViewSegmentTable(table_block, num);
@@ -103,31 +103,31 @@ __global__ void __launch_bounds__(kCudaThreadsPerBlock)
     CopyTile(begin, end, f.flat + off, t.out[k]);
   } else {
     // est, var and send are only offset where they are real arrays (not placeholders).
-    float* est = kKind == MultiKind::kNagPredict ? f.est + off : f.est;
+    float* est = kUsesEst<kKind, kPrev> ? f.est + off : f.est;
     float* var = kAdaptive ? f.var + off : f.var;
     float* send = kSend ? f.send + off : f.send;
-    UpdateTile<kKind, kClip, kAdaptive, kSend>(begin, end, ParamsOf(p, t, k), t.out[k], t.in[k],
-                                               f.global_w + off, f.aux + off, est, var, send);
+    UpdateTile<kKind, kClip, kAdaptive, kSend, kPrev>(begin, end, ParamsOf(p, t, k), t.out[k],
+                                                      t.in[k], f.global_w + off, f.aux + off,
+                                                      est, var, send);
   }
 }
 
 template <MultiKind kKind>
 void LaunchMulti(unsigned int blocks, cudaStream_t s, int num, const void* table,
-                 const UpdateParams& p, bool clip, bool adaptive, bool send,
+                 const UpdateParams& p, bool clip, bool adaptive, bool send, bool previous,
                  const FlatArrays& f) {
-  DispatchFlags(clip, adaptive, [&](auto kclip, auto kadaptive) {
-    DispatchBool(send, [&](auto ksend) {
-      MultiKernel<kKind, decltype(kclip)::value, decltype(kadaptive)::value,
-                  decltype(ksend)::value><<<blocks, kCudaThreadsPerBlock, 0, s>>>(num, table,
-                                                                                  p, f);
-    });
+  DispatchFlags<kKind>(clip, adaptive, send, previous,
+                       [&](auto kclip, auto kadaptive, auto ksend, auto kprevious) {
+    MultiKernel<kKind, decltype(kclip)::value, decltype(kadaptive)::value,
+                decltype(ksend)::value, decltype(kprevious)::value>
+        <<<blocks, kCudaThreadsPerBlock, 0, s>>>(num, table, p, f);
   });
 }
 
 }  // namespace
 
 int LaunchMultiCuda(MultiKind kind, int64_t tiles, int num, const void* device_table,
-                    const UpdateParams& p, bool clip, bool adaptive, bool send,
+                    const UpdateParams& p, bool clip, bool adaptive, bool send, bool previous,
                     const FlatArrays& flat, void* stream) {
   if (tiles == 0) return 0;
   // A grid has at most 2^31 - 1 blocks: 2.2e12 elements, far beyond any GPU's memory.
@@ -137,23 +137,23 @@ int LaunchMultiCuda(MultiKind kind, int64_t tiles, int num, const void* device_t
   switch (kind) {
     case MultiKind::kLocal:
       LaunchMulti<MultiKind::kLocal>(blocks, s, num, device_table, p, clip, adaptive, send,
-                                     flat);
+                                     false, flat);
       break;
     case MultiKind::kPredict:
       LaunchMulti<MultiKind::kPredict>(blocks, s, num, device_table, p, clip, adaptive, send,
-                                       flat);
+                                       previous, flat);
       break;
     case MultiKind::kNagPredict:
       LaunchMulti<MultiKind::kNagPredict>(blocks, s, num, device_table, p, clip, adaptive,
-                                          send, flat);
+                                          send, previous, flat);
       break;
     case MultiKind::kGather:
       // Copies take no flags: one instantiation each.
-      MultiKernel<MultiKind::kGather, false, false, false>
+      MultiKernel<MultiKind::kGather, false, false, false, false>
           <<<blocks, kCudaThreadsPerBlock, 0, s>>>(num, device_table, p, flat);
       break;
     case MultiKind::kScatter:
-      MultiKernel<MultiKind::kScatter, false, false, false>
+      MultiKernel<MultiKind::kScatter, false, false, false, false>
           <<<blocks, kCudaThreadsPerBlock, 0, s>>>(num, device_table, p, flat);
       break;
   }

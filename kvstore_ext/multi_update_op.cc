@@ -18,14 +18,17 @@
  *     The 'sgd' local step of SPEC.md section 2 on every array, array k with lr = lrs[k]
  *     and wd = wds[k]; mom_flat (and var_flat when adaptive) updated in place.
  *   odsgd_multi_predict_update(weights[P], grads[P], global_flat, prev_global_flat,
- *                              var_flat, out=weights [+ send_flat])
- *     The 'predict' local step of SPEC.md section 2 on every array.
+ *                              var_flat, est_flat, out=weights [+ send_flat])
+ *     The 'predict' local step of SPEC.md section 2 on every array, with the estimate of
+ *     round t's gradient sum of docs/predict.md: own_scales[k] * gc, and with previous=1
+ *     also prev_scales[k] times the previous round's sum, recovered with est_flat (the last
+ *     change of the global weights, updated in place) and prev_decays[k].
  *   odsgd_multi_nag_predict_update(weights[P], grads[P], global_flat, prev_global_flat,
  *                                  var_flat, est_flat, out=weights [+ send_flat])
  *     The 'predict' local step for the global optimizer NAG (docs/predict.md) on every
  *     array, array k with lr = lrs[k], wd = wds[k] and prev_decay = prev_decays[k] (lr * wd
  *     of the servers' round that produced global_flat); est_flat (the estimate of the
- *     servers' NAG state) updated in place.
+ *     servers' NAG state) updated in place. own_scales, previous and prev_scales as above.
  *   With send=1 the updates have one more output, send_flat, and write send_flat[off_k + i] =
  *   grads[k][i] (the raw gradient for the push) in the same pass. It is an output, not a
  *   mutable input, because MXNet's engine records a failure of the operator on its outputs
@@ -37,9 +40,10 @@
  *
  * Attributes: num_arrays (P >= 1); for the updates also lrs and wds (P comma-separated
  * numbers each), rescale_grad, clip_gradient (<= 0: off), momentum, lam, adaptive (0/1),
- * beta, eps, send (0/1), num_workers for both predicts, and prev_decays (P numbers) for the
- * NAG predict. var_flat is never touched when
- * adaptive is 0 and may then be any float32 array (a 1-element placeholder).
+ * beta, eps, send (0/1); for both predicts own_scales (P numbers) and previous (0/1), with
+ * previous=1 prev_scales (P numbers); prev_decays (P numbers) for the NAG predict and for the
+ * predict with previous=1. var_flat is never touched when adaptive is 0, nor the predict's
+ * est_flat when previous is 0: either may then be any float32 array (a 1-element placeholder).
  */
 #include <algorithm>
 #include <cstdint>
@@ -64,7 +68,7 @@ namespace {
 constexpr int kFlatGlobal = 0;
 constexpr int kFlatAux = 1;    // mom_flat (local) or prev_global_flat (predict)
 constexpr int kFlatVar = 2;
-constexpr int kFlatEst = 3;    // NAG predict only: est_flat, the estimate of the NAG state
+constexpr int kFlatEst = 3;    // predicts: est_flat, the worker's copy of the servers' state
 // ps-lite and MXNet handle at most a few thousand parameters per model; this bound only
 // stops a corrupt attribute from allocating absurd tables.
 constexpr int64_t kMaxArrays = 1 << 20;
@@ -89,7 +93,7 @@ bool IsPredict(MultiKind kind) {
 }
 
 /*! \brief Flat inputs after the 2P arrays of an update operator. */
-int NumFlat(MultiKind kind) { return kind == MultiKind::kNagPredict ? 4 : 3; }
+int NumFlat(MultiKind kind) { return IsPredict(kind) ? 4 : 3; }
 
 std::string FlatName(MultiKind kind, int which) {
   static const char* local[] = {"global_flat", "mom_flat", "var_flat"};
@@ -113,8 +117,9 @@ std::vector<const char*> AttrNames(MultiKind kind) {
   std::vector<const char*> names = {"num_arrays", "lrs", "wds", "rescale_grad",
                                     "clip_gradient", "momentum", "lam", "adaptive",
                                     "beta", "eps", "send"};
-  if (IsPredict(kind)) names.push_back("num_workers");
-  if (kind == MultiKind::kNagPredict) names.push_back("prev_decays");
+  if (IsPredict(kind)) {
+    names.insert(names.end(), {"own_scales", "previous", "prev_scales", "prev_decays"});
+  }
   return names;
 }
 
@@ -122,11 +127,27 @@ std::vector<const char*> AttrNames(MultiKind kind) {
 struct MultiConfig {
   int num = 0;                 // P
   UpdateParams p{};            // shared hyper-parameters (lr and wd per array below)
-  std::vector<float> lrs, wds, prev_decays;   // prev_decays: NAG predict only
+  std::vector<float> lrs, wds;
+  std::vector<float> own_scales, prev_scales, prev_decays;   // predicts (ParsePredictLists)
   bool clip = false;
   bool adaptive = false;
   bool send = false;
+  bool previous = false;      // predicts: the estimate takes the previous round's sum
 };
+
+/*! \brief Whether a call reads est_flat: the NAG estimate always, the SGD predict's last
+ *  weight change with previous=1 (the runtime face of kUsesEst). */
+bool UsesEstFlat(MultiKind kind, const MultiConfig& cfg) {
+  return kind == MultiKind::kNagPredict || (kind == MultiKind::kPredict && cfg.previous);
+}
+
+/*! \brief Whether flat input `which` of an update is read: var only when adaptive, the
+ *  predict's est_flat only with previous=1 (else either may be a placeholder). */
+bool FlatIsRead(MultiKind kind, const MultiConfig& cfg, int which) {
+  if (which == kFlatVar) return cfg.adaptive;
+  if (which == kFlatEst) return UsesEstFlat(kind, cfg);
+  return true;
+}
 
 /*!
  * \brief How much of the attributes a callback parses. MXNet 1.9 calls the library's
@@ -136,9 +157,28 @@ struct MultiConfig {
  */
 enum class Parse {
   kValidate,   // ParseAttrs: every attribute, unknown names refused
-  kLayout,     // shape, type and mutate callbacks: num_arrays, adaptive, send
+  kLayout,     // shape, type and mutate callbacks: num_arrays, adaptive, send, previous
   kRun,        // forward: every value
 };
+
+/*! \brief The predicts' per-array lists: own_scales always; prev_scales with previous=1;
+ *  prev_decays where est_flat is read. A list given where it is not read is refused: it
+ *  would otherwise be ignored silently. */
+bool ParsePredictLists(const Attrs& attrs, MultiKind kind, int64_t num, MultiConfig* cfg) {
+  const char* op = OpName(kind);
+  const bool reads_decays = UsesEstFlat(kind, *cfg);
+  const char* unread = !cfg->previous && attrs.count("prev_scales") ? "prev_scales"
+                       : !reads_decays && attrs.count("prev_decays") ? "prev_decays"
+                                                                     : nullptr;
+  if (unread != nullptr) {
+    MX_ERROR_MSG << op << ": attribute '" << unread << "' is only read with previous=1; "
+                 << "remove it or set previous=1";
+    return false;
+  }
+  return GetFloatList(attrs, op, "own_scales", num, &cfg->own_scales) &&
+         (!cfg->previous || GetFloatList(attrs, op, "prev_scales", num, &cfg->prev_scales)) &&
+         (!reads_decays || GetFloatList(attrs, op, "prev_decays", num, &cfg->prev_decays));
+}
 
 /*! \brief Parses the attributes (as much as `level` says) into `cfg`; false, with the
  *  reason recorded, when one is missing or wrong. */
@@ -149,6 +189,7 @@ bool ParseConfig(const Attrs& attrs, MultiKind kind, Parse level, MultiConfig* c
   if (!GetCount(attrs, op, "num_arrays", 1, kMaxArrays, &num)) return false;
   cfg->num = static_cast<int>(num);
   if (!IsUpdate(kind)) return true;
+  if (IsPredict(kind) && !GetFlag(attrs, op, "previous", &cfg->previous)) return false;
   if (level == Parse::kLayout) {
     return GetFlag(attrs, op, "adaptive", &cfg->adaptive) &&
            GetFlag(attrs, op, "send", &cfg->send);
@@ -171,20 +212,12 @@ bool ParseConfig(const Attrs& attrs, MultiKind kind, Parse level, MultiConfig* c
     MX_ERROR_MSG << op << ": eps must be > 0 in adaptive mode, got " << eps;
     return false;
   }
-  int64_t num_workers = 1;
-  if (IsPredict(kind) && !GetCount(attrs, op, "num_workers", 1, 1 << 30, &num_workers)) {
-    return false;
-  }
   if (!GetFloatList(attrs, op, "lrs", num, &cfg->lrs) ||
-      !GetFloatList(attrs, op, "wds", num, &cfg->wds)) {
+      !GetFloatList(attrs, op, "wds", num, &cfg->wds) ||
+      (IsPredict(kind) && !ParsePredictLists(attrs, kind, num, cfg))) {
     return false;
   }
-  if (kind == MultiKind::kNagPredict &&
-      !GetFloatList(attrs, op, "prev_decays", num, &cfg->prev_decays)) {
-    return false;
-  }
-  cfg->p = MakeUpdateParams(rescale_grad, clip_gradient, momentum, lam, beta, eps,
-                            static_cast<double>(num_workers));
+  cfg->p = MakeUpdateParams(rescale_grad, clip_gradient, momentum, lam, beta, eps);
   cfg->clip = clip_gradient > 0.0;
   return true;
 }
@@ -277,7 +310,7 @@ MXReturnValue InferShape(const Attrs& attrs, std::vector<std::vector<unsigned in
     (*out_shapes)[k] = in[k];
   }
   for (int which = 0; which < NumFlat(kKind); ++which) {
-    if (which == kFlatVar && !cfg.adaptive) continue;   // never accessed: a placeholder will do
+    if (!FlatIsRead(kKind, cfg, which)) continue;   // never accessed: a placeholder will do
     if (!CheckFlatShape(kKind, FlatName(kKind, which), in[2 * num + which], total)) {
       return MX_FAIL;
     }
@@ -297,7 +330,7 @@ MXReturnValue MutateInputs(const Attrs& attrs, std::vector<int>* input_indices) 
   const int flat = 2 * cfg.num;
   if (kKind == MultiKind::kLocal) input_indices->push_back(flat + kFlatAux);
   if (cfg.adaptive) input_indices->push_back(flat + kFlatVar);
-  if (kKind == MultiKind::kNagPredict) input_indices->push_back(flat + kFlatEst);
+  if (UsesEstFlat(kKind, cfg)) input_indices->push_back(flat + kFlatEst);
   return MX_SUCCESS;
 }
 
@@ -312,7 +345,7 @@ void BuildTable(MultiKind kind, const MultiConfig& cfg, std::vector<MXTensor>* i
   std::vector<SegmentSpec> specs(static_cast<size_t>(num));
   for (int k = 0; k < num; ++k) {
     SegmentSpec& s = specs[k];
-    s = SegmentSpec{0, nullptr, nullptr, 0.0f, 0.0f, 0.0f};
+    s = SegmentSpec{0, nullptr, nullptr, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     if (kind == MultiKind::kGather) {
       s.in = static_cast<const float*>((*inputs)[k].data_ptr);
       s.size = (*inputs)[k].size();
@@ -324,7 +357,9 @@ void BuildTable(MultiKind kind, const MultiConfig& cfg, std::vector<MXTensor>* i
       s.in = static_cast<const float*>((*inputs)[num + k].data_ptr);
       s.lr = cfg.lrs[k];
       s.wd = cfg.wds[k];
-      s.prev_decay = kind == MultiKind::kNagPredict ? cfg.prev_decays[k] : 0.0f;
+      if (IsPredict(kind)) s.own_scale = cfg.own_scales[k];
+      if (cfg.previous) s.prev_scale = cfg.prev_scales[k];
+      if (UsesEstFlat(kind, cfg)) s.prev_decay = cfg.prev_decays[k];
     }
   }
   BuildSegmentTable(specs, table);
@@ -355,7 +390,7 @@ bool CheckNoAliasing(MultiKind kind, const MultiConfig& cfg, std::vector<MXTenso
       spans.push_back(SpanOf((*inputs)[num + k], InputName(kind, num, num + k), false));
     }
     for (int which = 0; which < NumFlat(kind); ++which) {
-      if (which == kFlatVar && !cfg.adaptive) continue;
+      if (!FlatIsRead(kind, cfg, which)) continue;
       const bool written = (which == kFlatAux && kind == MultiKind::kLocal) ||
                            which == kFlatVar || which == kFlatEst;
       spans.push_back(SpanOf((*inputs)[2 * num + which], FlatName(kind, which), written));
@@ -391,9 +426,7 @@ FlatArrays FlatArraysOf(MultiKind kind, const MultiConfig& cfg, std::vector<MXTe
     f.aux = static_cast<float*>((*inputs)[2 * num + kFlatAux].data_ptr);
     f.var = static_cast<float*>((*inputs)[2 * num + kFlatVar].data_ptr);
     f.send = cfg.send ? static_cast<float*>((*outputs)[num].data_ptr) : nullptr;
-    if (kind == MultiKind::kNagPredict) {
-      f.est = static_cast<float*>((*inputs)[2 * num + kFlatEst].data_ptr);
-    }
+    if (IsPredict(kind)) f.est = static_cast<float*>((*inputs)[2 * num + kFlatEst].data_ptr);
   }
   return f;
 }
@@ -406,7 +439,7 @@ FlatArrays FlatArraysOf(MultiKind kind, const MultiConfig& cfg, std::vector<MXTe
 // no branch (kind and flags are template parameters), so GCC -O3 vectorises every
 // instantiation. aux is read only for the predicts and may then be global_w itself, which
 // __restrict__ allows (neither is written).
-template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend>
+template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend, bool kPrev>
 __attribute__((noinline)) void UpdateRangeCPU(int64_t begin, int64_t end, const UpdateParams p,
                                               float* __restrict__ w,
                                               const float* __restrict__ grad,
@@ -415,7 +448,8 @@ __attribute__((noinline)) void UpdateRangeCPU(int64_t begin, int64_t end, const 
                                               float* __restrict__ var,
                                               float* __restrict__ send) {
   for (int64_t i = begin; i < end; ++i) {
-    UpdateAt<kKind, kClip, kAdaptive, kSend>(i, p, w, grad, global_w, aux, est, var, send);
+    UpdateAt<kKind, kClip, kAdaptive, kSend, kPrev>(i, p, w, grad, global_w, aux, est, var,
+                                                    send);
   }
 }
 
@@ -432,19 +466,20 @@ void ForEachSegment(const SegmentTable& t, int num, int64_t begin, int64_t end,
   }
 }
 
-template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend>
+template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend, bool kPrev>
 void MultiUpdateCPU(const MultiConfig& cfg, const HostSegmentTable& table, const FlatArrays& f) {
   const SegmentTable& t = table.view;
   ParallelFor(table.total, [&](int64_t begin, int64_t end) {
     ForEachSegment(t, cfg.num, begin, end, [&](int k, int64_t b, int64_t e) {
       const int64_t off = t.offsets[k];
       // est, var and send are only offset where they are real arrays (not placeholders).
-      float* est = kKind == MultiKind::kNagPredict ? f.est + off : f.est;
+      float* est = kUsesEst<kKind, kPrev> ? f.est + off : f.est;
       float* var = kAdaptive ? f.var + off : f.var;
       float* send = kSend ? f.send + off : f.send;
-      UpdateRangeCPU<kKind, kClip, kAdaptive, kSend>(b, e, ParamsOf(cfg.p, t, k), t.out[k],
-                                                     t.in[k], f.global_w + off, f.aux + off,
-                                                     est, var, send);
+      UpdateRangeCPU<kKind, kClip, kAdaptive, kSend, kPrev>(b, e, ParamsOf(cfg.p, t, k),
+                                                            t.out[k], t.in[k],
+                                                            f.global_w + off, f.aux + off,
+                                                            est, var, send);
     });
   });
 }
@@ -490,11 +525,10 @@ MXReturnValue ForwardCPU(const Attrs& attrs, std::vector<MXTensor>* inputs,
     CopySegmentsCPU(kKind, cfg.num, table, f);
   } else {
     CopyWeightsToOutputsCPU(cfg.num, inputs, outputs);
-    DispatchFlags(cfg.clip, cfg.adaptive, [&](auto clip, auto adaptive) {
-      DispatchBool(cfg.send, [&](auto send) {
-        MultiUpdateCPU<kKind, decltype(clip)::value, decltype(adaptive)::value,
-                       decltype(send)::value>(cfg, table, f);
-      });
+    DispatchFlags<kKind>(cfg.clip, cfg.adaptive, cfg.send, cfg.previous,
+                         [&](auto clip, auto adaptive, auto send, auto previous) {
+      MultiUpdateCPU<kKind, decltype(clip)::value, decltype(adaptive)::value,
+                     decltype(send)::value, decltype(previous)::value>(cfg, table, f);
     });
   }
   return MX_SUCCESS;
@@ -527,8 +561,8 @@ MXReturnValue ForwardGPU(const Attrs& attrs, std::vector<MXTensor>* inputs,
   }
   if (rc == 0) {
     rc = LaunchMultiCuda(kKind, table.tiles, cfg.num, device_table, cfg.p, cfg.clip,
-                         cfg.adaptive, cfg.send, FlatArraysOf(kKind, cfg, inputs, outputs),
-                         stream);
+                         cfg.adaptive, cfg.send, cfg.previous,
+                         FlatArraysOf(kKind, cfg, inputs, outputs), stream);
   }
   if (rc != 0) {
     MX_ERROR_MSG << OpName(kKind) << ": CUDA error: " << CudaErrorString(rc);

@@ -10,6 +10,11 @@ import math
 import os
 
 COMPENSATION_MODES = ("constant", "adaptive")
+#: what 'predict' puts in place of the sum of the workers' gradients of the round it predicts
+#: (docs/predict.md, "The estimate of the gradient sum"): 'previous' gc + (N-1)/N G_{t-1},
+#: 'own' N gc, 'shrunk' N gc / (1 + mu). The default was chosen by measured accuracy against
+#: dist_sync (docs/convergence.md, "The estimate of the gradient sum").
+PREDICT_ESTIMATES = ("previous", "own", "shrunk")
 
 DEFAULTS = {
     "local_optimizer": "predict",
@@ -19,6 +24,7 @@ DEFAULTS = {
     "compensation": 0.0,
     "compensation_mode": "constant",
     "warmup_steps": 0,         # no measurable gain with 'predict' (docs/convergence.md)
+    "predict_estimate": "own",
     "adaptive_beta": 0.95,     # the authors' adaptive variant: v = beta v + (1 - beta) g^2
     "adaptive_eps": 1e-7,
 }
@@ -32,6 +38,7 @@ ENVIRONMENT = {
     "ODSGD_COMPENSATION": ("compensation", float),
     "ODSGD_COMPENSATION_MODE": ("compensation_mode", str),
     "ODSGD_WARMUP_STEPS": ("warmup_steps", int),
+    "ODSGD_PREDICT_ESTIMATE": ("predict_estimate", str),
 }
 
 
@@ -72,7 +79,8 @@ class ODSGDConfig(object):
 
     Attributes: local_optimizer (str), local_lr, local_momentum, local_wd (float or None),
     compensation (lam, float), compensation_mode ('constant' or 'adaptive'), warmup_steps
-    (int, global steps of plain SSGD first), adaptive_beta, adaptive_eps (floats),
+    (int, global steps of plain SSGD first), predict_estimate (one of PREDICT_ESTIMATES; from
+    the environment only), adaptive_beta, adaptive_eps (floats),
     clip_gradient, lr_scheduler, extra_params (the local optimizer's own arguments);
     local_rule_kind (the class of local rule the name selects, odsgd/local_update.py) and
     built_local_optimizer; fusion_elements and metrics_interval (the store's machinery).
@@ -112,6 +120,7 @@ class ODSGDConfig(object):
         self.local_wd = values["local_wd"]
         self.compensation = values["compensation"]
         self.warmup_steps = values["warmup_steps"]
+        self.predict_estimate = str(values["predict_estimate"]).lower()
         self.adaptive_beta = params.pop("beta", values["adaptive_beta"])
         self.adaptive_eps = params.pop("epsilon", values["adaptive_eps"])
         self.clip_gradient = params.pop("clip_gradient", None)
@@ -163,6 +172,11 @@ class ODSGDConfig(object):
             raise ValueError("compensation_mode must be one of %s, got %r (%s)"
                              % (COMPENSATION_MODES, self.compensation_mode,
                                 where("compensation_mode")))
+        if self.predict_estimate not in PREDICT_ESTIMATES:
+            raise ValueError("ODSGD_PREDICT_ESTIMATE must be one of %s, got %r; unset it for "
+                             "the default %r" % (", ".join(PREDICT_ESTIMATES),
+                                                 self.predict_estimate,
+                                                 DEFAULTS["predict_estimate"]))
         # The kind of local rule is decided here, once, from its name; the kind checks the
         # settings it takes (odsgd/local_update.py). Imported here: the benchmark drivers read
         # the environment through this module without MXNet.
@@ -177,7 +191,8 @@ class ODSGDConfig(object):
         return {"local_optimizer": self.local_optimizer, "local_lr": self.local_lr,
                 "local_momentum": self.local_momentum, "local_wd": self.local_wd,
                 "compensation": self.compensation, "compensation_mode": self.compensation_mode,
-                "warmup_steps": self.warmup_steps, "clip_gradient": self.clip_gradient,
+                "warmup_steps": self.warmup_steps, "predict_estimate": self.predict_estimate,
+                "clip_gradient": self.clip_gradient,
                 "adaptive_beta": self.adaptive_beta, "adaptive_eps": self.adaptive_eps}
 
 

@@ -5,13 +5,18 @@ store is made (`local_rule_kind`, which also checks the settings that kind takes
 itself when the global optimizer is set (`LocalRule.create`). One class per rule:
 
     LocalSGDRule      'sgd'                              the authors' local SGD, own rates
-    PredictSGDRule    'predict', global optimizer SGD    W + mu (W - W_prev) - lr (N gc + wd W)
+    PredictSGDRule    'predict', global optimizer SGD    W + mu (W - W_prev) - lr (G_hat + wd W)
     PredictNAGRule    'predict', global optimizer NAG    NAG's update from an estimate of the
                                                          servers' state (docs/predict.md)
+
+where G_hat, the estimate of the sum of the workers' gradients of the round, is chosen by
+ODSGD_PREDICT_ESTIMATE (`PredictRule.estimate_scales`): own_scale gc, plus prev_scale times
+the servers' previous round recovered from the global weights for 'previous'.
     MXOptimizerRule   any other mx.optimizer name        that optimizer on a copy of W_t
 
-Each knows the flat states it keeps per key group (`buffers`: `mom` is the momentum of 'sgd'
-and the NAG estimate of 'predict'; `var` the adaptive compensation's v), its rates, and how it
+Each knows the flat states it keeps per key group (`buffers`: `mom` is the momentum of 'sgd',
+the NAG estimate of 'predict' and, for the SGD 'predict' with the 'previous' estimate, the last
+change of the global weights; `var` the adaptive compensation's v), its rates, and how it
 runs on a whole key group (odsgd/key_groups.py): one fused C++ operator
 (`odsgd.native.multi_update_`) when the library is loaded and takes the arrays, the same
 formulas as NDArray ops per parameter otherwise (another dtype than float32, no library);
@@ -54,30 +59,49 @@ def ndarray_local_update_(weight, grad, global_weight, mom, var, *, rescale_grad
 
 def ndarray_predict_update_(weight, grad, global_weight, prev_global_weight, var, *,
                             rescale_grad, clip_gradient, lr, momentum, wd, lam, adaptive, beta,
-                            eps, num_workers):
+                            eps, num_workers, own_scale=None, prev_scale=None, est=None,
+                            prev_decay=0.0):
     """NDArray fallback of the 'predict' step:
-    w = W + mu (W - W_prev) - lr (N gc + wd W), gc = g + lam c g^2 (W - w)."""
+    w = W + mu (W - W_prev) - lr (s_own gc + wd W), gc = g + lam c g^2 (W - w), s_own = N
+    unless own_scale is given; with prev_scale also - prev_scale P, P = mu est - dW -
+    prev_decay W_prev (the servers' lr_{t-1} G_{t-1}), est = dW (multi_update_'s 'predict')."""
     g = _compensated(weight, grad, global_weight, var, rescale_grad, clip_gradient, lam,
                      adaptive, beta, eps)
-    update = num_workers * g + wd * global_weight if wd else num_workers * g
-    weight[:] = global_weight + momentum * (global_weight - prev_global_weight) - lr * update
+    own = num_workers if own_scale is None else own_scale
+    update = own * g + wd * global_weight if wd else own * g
+    delta = global_weight - prev_global_weight
+    new_weight = global_weight + momentum * delta - lr * update
+    if prev_scale is not None:
+        previous_sum = momentum * est - delta - prev_decay * prev_global_weight
+        est[:] = delta
+        new_weight = new_weight - prev_scale * previous_sum
+    weight[:] = new_weight
 
 
 def ndarray_nag_predict_update_(weight, grad, global_weight, prev_global_weight, est, var, *,
                                 rescale_grad, clip_gradient, lr, momentum, wd, prev_decay, lam,
-                                adaptive, beta, eps, num_workers):
+                                adaptive, beta, eps, num_workers, own_scale=None,
+                                prev_scale=None):
     """NDArray fallback of the 'predict' step for the global optimizer NAG (docs/predict.md):
     dW = W - W_prev;  est = (dW + mu est) / (1 + mu) - prev_decay dW;  a = mu est;
-    w = (W - a) + (1 + mu) (a - lr (N gc + wd W)),  gc = g + lam c g^2 (W - w)."""
+    w = (W - a) + (1 + mu) (a - lr (s_own gc + wd W) [- prev_scale P]),
+    gc = g + lam c g^2 (W - w), s_own = N unless own_scale is given, and with prev_scale
+    P = mu est_before - est - prev_decay W (the servers' lr_{t-1} G_{t-1})."""
     g = _compensated(weight, grad, global_weight, var, rescale_grad, clip_gradient, lam,
                      adaptive, beta, eps)
     # 1 + mu as MXNet's nag_mom_update forms it, in float32
     one_plus_mu = float(np.float32(momentum) + np.float32(1.0))
     delta = global_weight - prev_global_weight
+    est_before = est.copy() if prev_scale is not None else None
     est[:] = (delta + momentum * est) / one_plus_mu - prev_decay * delta
     a = momentum * est
-    d = num_workers * g + wd * global_weight if wd else num_workers * g
-    weight[:] = (global_weight - a) + one_plus_mu * (a - lr * d)
+    own = num_workers if own_scale is None else own_scale
+    d = own * g + wd * global_weight if wd else own * g
+    bracket = a - lr * d
+    if prev_scale is not None:
+        bracket = bracket - prev_scale * (momentum * est_before - est
+                                          - prev_decay * global_weight)
+    weight[:] = (global_weight - a) + one_plus_mu * bracket
 
 
 def _rescaled(grad, rescale_grad, clip_gradient):
@@ -123,9 +147,10 @@ def fused_ops_take(group, arrays):
 @dataclasses.dataclass
 class UpdateParams:
     """The hyper-parameters of one local step of a key group: `UpdateParams` of
-    kvstore_ext/local_update_kernels.h, with lr, wd and prev_decay one per array (its
-    `ParamsOf`). clip_gradient <= 0 means no clipping; `adaptive` selects c = 1 / sqrt(v + eps)
-    (only where lam != 0)."""
+    kvstore_ext/local_update_kernels.h, with lr, wd, prev_decay, own_scale and prev_scale one
+    per array (its `ParamsOf`). clip_gradient <= 0 means no clipping; `adaptive` selects
+    c = 1 / sqrt(v + eps) (only where lam != 0). The predicts' estimate of the round's gradient
+    sum: own_scales (None: num_workers) and prev_scales (None: no previous round)."""
     rescale_grad: float
     clip_gradient: float
     momentum: float
@@ -137,6 +162,8 @@ class UpdateParams:
     lrs: List[float]
     wds: List[float]
     prev_decays: Optional[List[float]] = None
+    own_scales: Optional[List[float]] = None
+    prev_scales: Optional[List[float]] = None
 
     def shared(self):
         """The arguments every array of the call shares, as the fused operator and the
@@ -210,6 +237,7 @@ class LocalRule(object):
             native.multi_update_(self.kind, weights, grads, group.current,
                                  var_flat=group.var, lrs=params.lrs,
                                  wds=params.wds, prev_decays=params.prev_decays,
+                                 own_scales=params.own_scales, prev_scales=params.prev_scales,
                                  num_workers=params.num_workers, **self.fused_states(group),
                                  **params.shared())
             return
@@ -303,7 +331,18 @@ class LocalSGDRule(_OwnRatesRule):
 
 class PredictRule(LocalRule):
     """'predict': the worker predicts the global update that has not arrived, with the global
-    optimizer's own rates for each parameter (PredictSGDRule, PredictNAGRule)."""
+    optimizer's own rates for each parameter (PredictSGDRule, PredictNAGRule), and an estimate
+    G_hat of the round's gradient sum chosen by ODSGD_PREDICT_ESTIMATE (`estimate_scales`).
+
+    `reads_state`: the rule keeps the worker's copy of the servers' optimizer state after the
+    round that produced W_t in group.mom (NAG: always; SGD: for the 'previous' estimate), and
+    so needs lr x wd of that round (`previous_decays`)."""
+    reads_state = False
+
+    def __init__(self, config, global_optimizer, num_workers):
+        super(PredictRule, self).__init__(config, global_optimizer, num_workers)
+        self.estimate = config.predict_estimate
+        self._last_rates = {}    # parameter key -> (step, lr, wd) of its last local step
 
     @classmethod
     def check_settings(cls, config):
@@ -346,18 +385,97 @@ class PredictRule(LocalRule):
         return (global_learning_rate(opt, step), opt.wd,
                 getattr(opt, "momentum", 0.0) or 0.0)
 
+    def params(self, group, step, multipliers):
+        params = super(PredictRule, self).params(group, step, multipliers)
+        previous = self.previous_rates(group, step)
+        for key, lr, wd in zip(group.keys, params.lrs, params.wds):
+            self._last_rates[key] = (step, lr, wd)
+        if self.reads_state:
+            params.prev_decays = self.previous_decays(step, multipliers, previous)
+        params.own_scales, params.prev_scales = self.estimate_scales(params.lrs, previous,
+                                                                     params.momentum)
+        return params
+
+    def previous_rates(self, group, step):
+        """Per parameter of the group, (lr, wd) (multipliers included) of the servers' round
+        that produced W_step from W_{step-1}, where this worker knows them: the rates it used
+        at its own local step step - 1 of that parameter (they are the rates it pushed that
+        round with: Trainer.set_learning_rate and multiplier changes reach the servers before
+        the push); None where that step was not a local step of the parameter (step 0, the
+        first OD step after a warm-up or a resume, a parameter that starts training late):
+        then its states were not advanced by that round either."""
+        previous = []
+        for key in group.keys:
+            last = self._last_rates.get(key)
+            previous.append(last[1:] if last is not None and last[0] == step - 1 else None)
+        return previous
+
+    def previous_decays(self, step, multipliers, previous):
+        """Per parameter, lr x wd of the servers' round that produced W_step: from
+        `previous_rates`, else the global schedule's rates of step - 1 with the parameters'
+        current multipliers (at step 0, W_{-1} = W_0, so nothing depends on it)."""
+        scheduled = None
+        decays = []
+        for k, known in enumerate(previous):
+            if known is None:
+                if scheduled is None:
+                    scheduled = self.rates(max(step - 1, 0), multipliers)
+                known = (scheduled[0][k], scheduled[1][k])
+            decays.append(known[0] * known[1])
+        return decays
+
+    def estimate_scales(self, lrs, previous, momentum):
+        """(own_scales, prev_scales): G_hat = own_scale gc + the previous round's sum G_{t-1}
+        with weight prev_scale / (lr_t / lr_{t-1}), per parameter (docs/predict.md).
+
+        'own': N gc. 'shrunk': N gc / (1 + mu) (NAG moves W by (1 + mu) lr per unit of the
+        sum, SGD by lr). 'previous': gc + (N - 1) / N G_{t-1}, where the kernel recovers
+        lr_{t-1} G_{t-1} and the prediction needs lr_t G_{t-1}, hence the ratio of the rates;
+        where the previous round is not known (`previous_rates` None) or its rate was 0 (the
+        servers' weights then carry no trace of G_{t-1}), N gc, as if G_{t-1} were N gc."""
+        n = self.num_workers
+        if self.estimate == "own":
+            return [float(n)] * len(lrs), None
+        if self.estimate == "shrunk":
+            return [n / (1.0 + momentum)] * len(lrs), None
+        own, prev = [], []
+        for lr, known in zip(lrs, previous):
+            if known is None or known[0] == 0:
+                own.append(float(n))
+                prev.append(0.0)
+            else:
+                own.append(1.0)
+                prev.append((n - 1) / n * lr / known[0])
+        return own, prev
+
+    def fallback_estimate(self, i, params):
+        """The estimate's arguments of the NDArray fallbacks for array i."""
+        return dict(own_scale=params.own_scales[i],
+                    prev_scale=params.prev_scales[i] if params.prev_scales is not None
+                    else None)
+
 
 class PredictSGDRule(PredictRule):
-    """'predict' (global optimizer SGD): w = W + mu (W - W_prev) - lr (N gc + wd W)."""
+    """'predict' (global optimizer SGD): w = W + mu (W - W_prev) - lr (G_hat + wd W). For the
+    'previous' estimate group.mom holds the servers' momentum after the round that produced
+    W_t (W_t - W_{t-1}), from which the kernel recovers that round's sum."""
     kind = "predict"
 
+    def __init__(self, config, global_optimizer, num_workers):
+        super(PredictSGDRule, self).__init__(config, global_optimizer, num_workers)
+        self.reads_state = self.estimate == "previous"
+        if self.reads_state:
+            self.buffers = self.buffers + ("mom",)
+
     def fused_states(self, group):
-        return dict(prev_global_flat=group.previous, mom_flat=None, est_flat=None)
+        return dict(prev_global_flat=group.previous, mom_flat=None,
+                    est_flat=group.mom if self.reads_state else None)
 
     def fallback(self, i, weight, grad, W, W_prev, mom, var, params):
+        state = dict(est=mom, prev_decay=params.prev_decays[i]) if self.reads_state else {}
         ndarray_predict_update_(weight, grad, W, W_prev, var, lr=params.lrs[i],
                                 wd=params.wds[i], num_workers=params.num_workers,
-                                **params.shared())
+                                **self.fallback_estimate(i, params), **state, **params.shared())
 
 
 class PredictNAGRule(PredictRule):
@@ -366,30 +484,7 @@ class PredictNAGRule(PredictRule):
     (docs/predict.md)."""
     kind = "nag_predict"
     buffers = ("mom",)
-
-    def __init__(self, config, global_optimizer, num_workers):
-        super(PredictNAGRule, self).__init__(config, global_optimizer, num_workers)
-        self._last_rates = {}    # server key -> (step, lrs, wds) of its last local step
-
-    def params(self, group, step, multipliers):
-        params = super(PredictNAGRule, self).params(group, step, multipliers)
-        params.prev_decays = self.previous_decays(group, step, multipliers)
-        self._last_rates[group.server_key] = (step, params.lrs, params.wds)
-        return params
-
-    def previous_decays(self, group, step, multipliers):
-        """Per parameter, lr x wd (multipliers included) of the servers' round that produced
-        W_step from W_{step-1}. These are the rates this worker used at its own step - 1 of
-        the group when that was a local step (they are the rates it pushed that round with:
-        Trainer.set_learning_rate and multiplier changes reach the servers before the push),
-        else the global schedule's rates of step - 1 with the parameters' current multipliers
-        (the first OD step after a warm-up or a resume; at step 0, W_{-1} = W_0)."""
-        last = self._last_rates.get(group.server_key)
-        if last is not None and last[0] == step - 1 and len(last[1]) == len(multipliers):
-            lrs, wds = last[1], last[2]
-        else:
-            lrs, wds, _ = self.rates(max(step - 1, 0), multipliers)
-        return [lr * wd for lr, wd in zip(lrs, wds)]
+    reads_state = True
 
     def fused_states(self, group):
         return dict(prev_global_flat=group.previous, mom_flat=None, est_flat=group.mom)
@@ -397,7 +492,8 @@ class PredictNAGRule(PredictRule):
     def fallback(self, i, weight, grad, W, W_prev, mom, var, params):
         ndarray_nag_predict_update_(weight, grad, W, W_prev, mom, var, lr=params.lrs[i],
                                     wd=params.wds[i], prev_decay=params.prev_decays[i],
-                                    num_workers=params.num_workers, **params.shared())
+                                    num_workers=params.num_workers,
+                                    **self.fallback_estimate(i, params), **params.shared())
 
 
 class MXOptimizerRule(_OwnRatesRule):
@@ -513,8 +609,8 @@ class LocalUpdater(object):
     def update_group(self, group, step, weights, grads, multipliers):
         """Writes w_{step+1} into `weights` (which hold w_step on entry), from the group's
         W_step (`group.current`) and W_{step-1} (`group.previous`). For 'predict' with the
-        global optimizer NAG it also advances the estimate of the servers' NAG state
-        (`group.mom`).
+        global optimizer NAG it also advances the estimate of the servers' NAG state, with SGD
+        and the 'previous' estimate the copy of the servers' momentum (`group.mom`).
 
         weights, grads: one NDArray per parameter of the group, in its order and shapes, on the
         group's context; grads are raw (summed over this worker's devices). multipliers: per
@@ -537,7 +633,8 @@ class LocalUpdater(object):
     # -- checkpoints -----------------------------------------------------------------------
     def get_states(self, groups):
         """Local states per key as NumPy arrays (picklable), whatever groups hold them: the
-        momentum of 'sgd' or the NAG estimate of 'predict' (both in group.mom), v."""
+        momentum of 'sgd', the NAG estimate of 'predict' or the SGD 'predict''s last change of
+        the global weights (all in group.mom), v."""
         states = {}
         for group in groups:
             moms = group.views(group.mom) if group.mom is not None else None

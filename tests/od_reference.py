@@ -37,13 +37,27 @@ def local_sgd_step(w, W, grad, m, v, *, rescale_grad, lr, momentum, wd, lam,
 
 
 def predict_step(w, W, W_prev, grad, v, *, rescale_grad, lr, momentum, wd, lam, num_workers,
-                 mode="constant", beta=0.95, eps=1e-7, clip_gradient=None):
-    """One OD-phase 'predict' step: W_t + mu (W_t - W_{t-1}) - lr (N gc + wd W_t)."""
+                 mode="constant", beta=0.95, eps=1e-7, clip_gradient=None, own_scale=None,
+                 prev_scale=None, est=None, prev_decay=0.0):
+    """One OD-phase 'predict' step: W_t + mu (W_t - W_{t-1}) - lr (G_hat + wd W_t), with the
+    estimate G_hat = own_scale gc of the round's gradient sum (own_scale None: num_workers).
+
+    prev_scale (a number, with est and prev_decay): lr G_hat also takes prev_scale times
+    lr_{t-1} G_{t-1}, the servers' previous round recovered from their momentum: after round
+    t-1 it is W_t - W_{t-1}, before it est (the last weight change), so
+    mom_t = mu mom_{t-1} - lr_{t-1} (G_{t-1} + wd_{t-1} W_{t-1}) gives
+    lr_{t-1} G_{t-1} = mu est - (W_t - W_{t-1}) - prev_decay W_{t-1}; est becomes W_t - W_{t-1}."""
     g = rescale_and_clip(grad, rescale_grad, clip_gradient)
     c = compensation_scale(g, v, mode, beta, eps)
     gc = g + F32(lam) * c * g * g * (W - w)
-    return (W + F32(momentum) * (W - W_prev)
-            - F32(lr) * (F32(num_workers) * gc + F32(wd) * W)).astype(F32)
+    own = F32(num_workers if own_scale is None else own_scale)
+    new_w = W + F32(momentum) * (W - W_prev) - F32(lr) * (own * gc + F32(wd) * W)
+    if prev_scale is not None:
+        dW = W - W_prev
+        previous_sum = F32(momentum) * est - dW - F32(prev_decay) * W_prev
+        est[...] = dW
+        new_w = new_w - F32(prev_scale) * previous_sum
+    return new_w.astype(F32)
 
 
 def global_sgd_step(W, grad_sum, mom, *, rescale_grad, lr, momentum, wd, clip_gradient=None):
@@ -72,18 +86,28 @@ def global_nag_step(W, grad_sum, mom, *, rescale_grad, lr, momentum, wd, clip_gr
 
 def nag_predict_step(w, W, W_prev, grad, est, v, *, rescale_grad, lr, momentum, wd,
                      prev_decay, lam, num_workers, mode="constant", beta=0.95, eps=1e-7,
-                     clip_gradient=None):
+                     clip_gradient=None, own_scale=None, prev_scale=None):
     """One OD-phase 'predict' step for the global optimizer NAG (docs/predict.md). The
     estimate est of the servers' state (global_nag_step's mom) is advanced in place from
     dW = W_t - W_{t-1} and prev_decay = lr x wd of the round that produced W_t, which inverts
     that round: est = (dW + mu est) / (1 + mu) - prev_decay dW. Then NAG's weight update with
-    the gradient sum N * gc is applied to W_t."""
+    the gradient sum G_hat = own_scale gc (own_scale None: num_workers) is applied to W_t.
+
+    prev_scale (a number): lr G_hat also takes prev_scale times lr_{t-1} G_{t-1}, which the
+    state rule mom_t = mu mom_{t-1} - lr_{t-1} G_{t-1} - prev_decay W_t gives from est before
+    and after its update."""
     g = rescale_and_clip(grad, rescale_grad, clip_gradient)
     c = compensation_scale(g, v, mode, beta, eps)
     gc = g + F32(lam) * c * g * g * (W - w)
     one_plus_mu = F32(momentum) + F32(1)
     dW = W - W_prev
+    est_before = est.copy()
     est[...] = (dW + F32(momentum) * est) / one_plus_mu - F32(prev_decay) * dW
     a = F32(momentum) * est
-    d = F32(num_workers) * gc + F32(wd) * W
-    return ((W - a) + one_plus_mu * (a - F32(lr) * d)).astype(F32)
+    own = F32(num_workers if own_scale is None else own_scale)
+    d = own * gc + F32(wd) * W
+    bracket = a - F32(lr) * d
+    if prev_scale is not None:
+        previous_sum = F32(momentum) * est_before - est - F32(prev_decay) * W
+        bracket = bracket - F32(prev_scale) * previous_sum
+    return ((W - a) + one_plus_mu * bracket).astype(F32)

@@ -53,20 +53,35 @@ def _last_extension_error(err):
     return lines[-1] if lines else str(err)
 
 
-OPTIONS = list(itertools.product(["sgd", "predict"], ["constant", "adaptive"], [False, True],
-                                 [False, True]))
+OPTIONS = list(itertools.product(["sgd", "predict", "predict+previous"],
+                                 ["constant", "adaptive"], [False, True], [False, True]))
+
+
+def _estimates(rng, P, previous):
+    """Per-array own_scales (the default N = 3, and others) and, for an estimate that takes
+    the previous round, prev_scales (0 included: an array whose previous round is unknown) and
+    prev_decays; else None for both."""
+    own = [float(x) for x in rng.choice([3.0, 1.0, 3 / 1.9], P)]
+    if not previous:
+        return own, None, None
+    return (own, [float(x) for x in rng.choice([0.0, 2 / 3, 1.5], P)],
+            [float(x) for x in rng.choice([0.0, 1e-3, 0.02], P)])
 
 
 @pytest.mark.parametrize("kind,mode,clip,with_send", OPTIONS)
 @pytest.mark.parametrize("group", sorted(GROUPS))
 def test_multi_update_matches_reference(native, group, kind, mode, clip, with_send):  # noqa: F811
-    """Every array k with its own lr and wd, states carried over STEPS steps, against the
-    single-array reference formulas of SPEC.md section 2."""
+    """Every array k with its own lr and wd (the predicts: and own estimate of the round's sum,
+    'predict+previous' with the previous round's sum), states carried over STEPS steps,
+    against the single-array reference formulas of SPEC.md section 2; the SGD predict with the
+    previous round also against the NDArray fallback of odsgd.local_update."""
     shapes = GROUPS[group]
     P = len(shapes)
     rng = np.random.default_rng(_seed(group, kind, mode, clip, with_send))
     lrs = [float(x) for x in rng.uniform(0.01, 0.2, P)]
     wds = [float(x) for x in rng.choice([0.0, 0.01, 0.05], P)]
+    kind, _, previous = kind.partition("+")
+    own, prev, decays = _estimates(rng, P, previous)
     common = dict(rescale_grad=0.5, clip_gradient=0.8 if clip else None, momentum=0.9,
                   lam=0.5, beta=0.9, eps=1e-7)
     W = [rng.standard_normal(s).astype(np.float32) for s in shapes]
@@ -75,6 +90,9 @@ def test_multi_update_matches_reference(native, group, kind, mode, clip, with_se
     m = [np.zeros(s, np.float32) for s in shapes]
     v = [np.zeros(s, np.float32) for s in shapes]
     weights = [_nd(a) for a in w]
+    fallback = [_nd(a) for a in w]
+    fallback_est = [_nd(a) for a in m]
+    fallback_var = [_nd(a) for a in v]
     mom_flat = _nd(np.zeros(sum(a.size for a in w), np.float32))
     var_flat = _nd(_flat(v)) if mode == "adaptive" else None
     for t in range(STEPS):
@@ -85,11 +103,18 @@ def test_multi_update_matches_reference(native, group, kind, mode, clip, with_se
                 w[k] = ref.local_sgd_step(w[k], W[k], grads_np[k], m[k], v[k], lr=lrs[k],
                                           wd=wds[k], mode=mode, **common)
             else:
+                estimate = dict(own_scale=own[k], prev_scale=prev[k], est=m[k],
+                                prev_decay=decays[k]) if previous else dict(own_scale=own[k])
                 w[k] = ref.predict_step(w[k], W[k], W_prev[k], grads_np[k], v[k], lr=lrs[k],
-                                        wd=wds[k], num_workers=3, mode=mode, **common)
+                                        wd=wds[k], num_workers=3, mode=mode, **estimate,
+                                        **common)
         global_flat = _nd(_flat(W))
         flats = dict(mom_flat=mom_flat) if kind == "sgd" else dict(
-            prev_global_flat=_nd(_flat(W_prev)), num_workers=3)
+            prev_global_flat=_nd(_flat(W_prev)), num_workers=3, own_scales=own)
+        if previous:
+            flats.update(est_flat=mom_flat, prev_scales=prev, prev_decays=decays)
+            _predict_fallback(fallback, grads_np, W, W_prev, fallback_est, fallback_var, lrs,
+                              wds, own, prev, decays, dict(common, adaptive=mode == "adaptive"))
         returned = native.multi_update_(kind, weights, [_nd(g) for g in grads_np], global_flat,
                                         var_flat=var_flat, send_flat=send, lrs=lrs, wds=wds,
                                         adaptive=mode == "adaptive", **flats, **common)
@@ -97,15 +122,30 @@ def test_multi_update_matches_reference(native, group, kind, mode, clip, with_se
         for k in range(P):
             np.testing.assert_allclose(weights[k].asnumpy(), w[k], rtol=RTOL, atol=ATOL,
                                        err_msg="weight %d, step %d" % (k, t))
-        if kind == "sgd":
+            if previous:
+                np.testing.assert_allclose(fallback[k].asnumpy(), w[k], rtol=RTOL, atol=ATOL,
+                                           err_msg="fallback weight %d, step %d" % (k, t))
+                np.testing.assert_allclose(fallback_est[k].asnumpy(), m[k], rtol=RTOL,
+                                           atol=ATOL, err_msg="fallback est %d" % k)
+        if kind == "sgd" or previous:
             np.testing.assert_allclose(mom_flat.asnumpy(), _flat(m), rtol=RTOL, atol=ATOL,
-                                       err_msg="mom, step %d" % t)
+                                       err_msg="mom / est, step %d" % t)
         if mode == "adaptive":
             np.testing.assert_allclose(var_flat.asnumpy(), _flat(v), rtol=RTOL, atol=ATOL,
                                        err_msg="var, step %d" % t)
         if with_send:
             np.testing.assert_array_equal(send.asnumpy(), _flat(grads_np))
         W_prev, W = W, [(a + 0.1 * rng.standard_normal(a.shape)).astype(np.float32) for a in W]
+
+
+def _predict_fallback(weights, grads_np, W, W_prev, est, var, lrs, wds, own, prev, decays,
+                      common):
+    """odsgd.local_update's NDArray fallback of the SGD predict, array by array."""
+    from odsgd.local_update import ndarray_predict_update_
+    for k, weight in enumerate(weights):
+        ndarray_predict_update_(weight, _nd(grads_np[k]), _nd(W[k]), _nd(W_prev[k]), var[k],
+                                lr=lrs[k], wd=wds[k], num_workers=3, own_scale=own[k],
+                                prev_scale=prev[k], est=est[k], prev_decay=decays[k], **common)
 
 
 def test_multi_update_equals_single_array_calls(native):  # noqa: F811
@@ -443,23 +483,27 @@ def test_nag_predict_is_nag_applied_to_n_times_the_gradient():
     np.testing.assert_allclose(predicted, expected, rtol=RTOL, atol=ATOL)
 
 
-NAG_OPTIONS = list(itertools.product(["constant", "adaptive"], [False, True], [False, True]))
+NAG_OPTIONS = list(itertools.product(["constant", "adaptive"], [False, True], [False, True],
+                                     [False, True]))
 
 
-@pytest.mark.parametrize("mode,clip,with_send", NAG_OPTIONS)
+@pytest.mark.parametrize("mode,clip,with_send,previous", NAG_OPTIONS)
 @pytest.mark.parametrize("group", sorted(GROUPS))
-def test_multi_nag_predict_matches_reference(native, group, mode, clip, with_send):  # noqa: F811
-    """Kind 'nag_predict': every array k with its own lr and wd, the estimate and v carried
-    over STEPS steps, against the NumPy reference; and the NDArray fallback of
-    odsgd.local_update on the same inputs."""
+def test_multi_nag_predict_matches_reference(native, group, mode, clip, with_send,  # noqa: F811
+                                             previous):
+    """Kind 'nag_predict': every array k with its own lr, wd and estimate of the round's sum
+    (with and without the previous round's), the estimate and v carried over STEPS steps,
+    against the NumPy reference; and the NDArray fallback of odsgd.local_update on the same
+    inputs."""
     import mxnet as mx
     from odsgd.local_update import ndarray_nag_predict_update_
     shapes = GROUPS[group]
     P = len(shapes)
-    rng = np.random.default_rng(_seed("nag", group, mode, clip, with_send))
+    rng = np.random.default_rng(_seed("nag", group, mode, clip, with_send, previous))
     lrs = [float(x) for x in rng.uniform(0.01, 0.2, P)]
     wds = [float(x) for x in rng.choice([0.0, 0.01, 0.05], P)]
-    decays = [float(x) for x in rng.choice([0.0, 1e-3, 0.02], P)]
+    own, prev, decays = _estimates(rng, P, True)
+    prev = prev if previous else [None] * P
     common = dict(rescale_grad=0.5, clip_gradient=0.8 if clip else None, momentum=0.9,
                   lam=0.5, beta=0.9, eps=1e-7)
     W = [rng.standard_normal(s).astype(np.float32) for s in shapes]
@@ -480,11 +524,13 @@ def test_multi_nag_predict_matches_reference(native, group, mode, clip, with_sen
         for k in range(P):
             w[k] = ref.nag_predict_step(w[k], W[k], W_prev[k], grads_np[k], est[k], v[k],
                                         lr=lrs[k], wd=wds[k], prev_decay=decays[k],
-                                        num_workers=3, mode=mode, **common)
+                                        num_workers=3, mode=mode, own_scale=own[k],
+                                        prev_scale=prev[k], **common)
         returned = native.multi_update_("nag_predict", weights, [_nd(g) for g in grads_np],
                                         _nd(_flat(W)), prev_global_flat=_nd(_flat(W_prev)),
                                         est_flat=est_flat, var_flat=var_flat, send_flat=send,
-                                        lrs=lrs, wds=wds, prev_decays=decays,
+                                        lrs=lrs, wds=wds, prev_decays=decays, own_scales=own,
+                                        prev_scales=prev if previous else None,
                                         adaptive=mode == "adaptive",
                                         num_workers=3, **common)
         assert returned is weights
@@ -492,7 +538,7 @@ def test_multi_nag_predict_matches_reference(native, group, mode, clip, with_sen
             ndarray_nag_predict_update_(fallback[k], _nd(grads_np[k]), _nd(W[k]),
                                         _nd(W_prev[k]), est_fallback[k], var_fallback[k],
                                         lr=lrs[k], wd=wds[k], prev_decay=decays[k],
-                                        num_workers=3,
+                                        num_workers=3, own_scale=own[k], prev_scale=prev[k],
                                         adaptive=mode == "adaptive", **common)
         for k in range(P):
             np.testing.assert_allclose(weights[k].asnumpy(), w[k], rtol=RTOL, atol=ATOL,
@@ -559,5 +605,132 @@ def test_nag_predict_operator_misuse_gets_a_clear_error(native, case, message): 
         native.multi_update_("nag_predict", weights, grads, global_flat,
                              prev_global_flat=mx.nd.zeros((12,)), est_flat=est,
                              lrs=[0.1] * 3, wds=[0.0] * 3, prev_decays=[0.0] * 3, **COMMON)
+        mx.nd.waitall()
+    assert message in _last_extension_error(caught.value)
+
+
+# ------------------------------------------------------------------------------------------
+# The estimate of the round's gradient sum that takes the previous round (docs/predict.md)
+
+def _sgd_kernel(W, grad_sum, mom, **options):
+    """mx.nd.sgd_mom_update, MXNet's own SGD kernel (the servers'), on copies: (W', mom')."""
+    import mxnet as mx
+    weight, state = _nd(W), _nd(mom)
+    mx.nd.sgd_mom_update(weight, _nd(grad_sum), state, out=weight, **options)
+    return weight.asnumpy(), state.asnumpy()
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "nag"])
+def test_previous_round_sum_is_recovered(native, optimizer):  # noqa: F811
+    """MXNet's own kernel (the servers) runs rounds t-2 and t-1 with known gradient sums and
+    rates. A worker at step t whose state is the servers' (SGD: their momentum, the weight
+    change W_{t-1} - W_{t-2}; NAG: the exact estimate) and whose estimate of round t's sum is
+    the previous round's alone (own_scale 0, prev_scale lr_t / lr_{t-1}) predicts exactly the
+    servers' round t with G_t = G_{t-1}, at rate lr_t: the fused operator, the NDArray
+    fallback and the NumPy reference, and their state afterwards is the servers' after round
+    t-1."""
+    import mxnet as mx
+    from odsgd.local_update import ndarray_nag_predict_update_, ndarray_predict_update_
+    rng = np.random.default_rng(_seed("previous-round", optimizer))
+    n = 500
+    kernel = _nag_kernel if optimizer == "nag" else _sgd_kernel
+    options = dict(wd=0.01, momentum=0.9, rescale_grad=0.5)
+    W_a = rng.standard_normal(n).astype(np.float32)
+    state_a = (0.1 * rng.standard_normal(n)).astype(np.float32)
+    grad_b = (3.0 * rng.standard_normal(n)).astype(np.float32)
+    lr_b, lr_t = 0.08, 0.05
+    W_b, state_b = kernel(W_a, rng.standard_normal(n).astype(np.float32), state_a, lr=0.1,
+                          **options)
+    W_t, state_t = kernel(W_b, grad_b, state_b, lr=lr_b, **options)
+    expected, expected_state = kernel(W_t, grad_b, state_t, lr=lr_t, **options)
+
+    worker_state = (W_b - W_a) if optimizer == "sgd" else state_b   # what the worker holds
+    estimate = dict(own_scale=0.0, prev_scale=lr_t / lr_b)
+    args = dict(rescale_grad=0.5, lr=lr_t, momentum=0.9, wd=0.01, lam=0.0, num_workers=2,
+                **estimate)
+    grad = rng.standard_normal(n).astype(np.float32)   # the worker's own: weight 0 here
+    w = (W_t + 0.2 * rng.standard_normal(n)).astype(np.float32)
+    est_ref, est_fused, est_fallback = worker_state.copy(), _nd(worker_state), _nd(worker_state)
+    fused, fallback = _nd(w), _nd(w)
+    kind = "nag_predict" if optimizer == "nag" else "predict"
+    step = ref.nag_predict_step if optimizer == "nag" else ref.predict_step
+    if optimizer == "nag":
+        got = step(w, W_t, W_b, grad, est_ref, np.zeros(n, np.float32),
+                   prev_decay=lr_b * 0.01, **args)
+        ndarray_nag_predict_update_(fallback, _nd(grad), _nd(W_t), _nd(W_b), est_fallback,
+                                    None, prev_decay=lr_b * 0.01, clip_gradient=None,
+                                    adaptive=False, beta=0.9, eps=1e-7, **args)
+    else:
+        got = step(w, W_t, W_b, grad, np.zeros(n, np.float32), est=est_ref,
+                   prev_decay=lr_b * 0.01, **args)
+        ndarray_predict_update_(fallback, _nd(grad), _nd(W_t), _nd(W_b), None,
+                                est=est_fallback, prev_decay=lr_b * 0.01, clip_gradient=None,
+                                adaptive=False, beta=0.9, eps=1e-7, **args)
+    native.multi_update_(kind, [fused], [_nd(grad)], _nd(W_t), prev_global_flat=_nd(W_b),
+                         est_flat=est_fused, lrs=[lr_t], wds=[0.01], prev_decays=[lr_b * 0.01],
+                         own_scales=[0.0], prev_scales=[lr_t / lr_b], rescale_grad=0.5,
+                         clip_gradient=None, momentum=0.9, lam=0.0, adaptive=False, beta=0.9,
+                         eps=1e-7, num_workers=2)
+    mx.nd.waitall()
+    for name, weight, state in (("reference", got, est_ref),
+                                ("fused", fused.asnumpy(), est_fused.asnumpy()),
+                                ("fallback", fallback.asnumpy(), est_fallback.asnumpy())):
+        np.testing.assert_allclose(weight, expected, rtol=RTOL, atol=ATOL, err_msg=name)
+        np.testing.assert_allclose(state, state_t, rtol=RTOL, atol=ATOL, err_msg=name)
+    assert np.abs(expected_state - state_t).max() > 1e-3    # round t changed the state
+
+
+@pytest.mark.parametrize("case,error,message", [
+    ("predict_previous_without_est", TypeError,
+     "kind 'predict' with prev_scales needs est_flat"),
+    ("predict_previous_without_decays", ValueError,
+     "kind 'predict' with prev_scales needs prev_decays"),
+    ("prev_scales_length", ValueError, "prev_scales needs one number per array; got 2 for 3"),
+    ("own_scales_length", ValueError, "own_scales needs one number per array; got 4 for 3"),
+    ("sgd_with_own_scales", TypeError, "kind 'sgd' does not use own_scales"),
+])
+def test_estimate_python_side_misuse_is_refused(native, case, error, message):  # noqa: F811
+    weights, grads, global_flat, est = _group()
+    kwargs = dict(COMMON, lrs=[0.1] * 3, wds=[0.0] * 3, prev_global_flat=global_flat,
+                  est_flat=est, prev_decays=[0.0] * 3, prev_scales=[0.5] * 3)
+    kind = "predict"
+    if case == "predict_previous_without_est":
+        kwargs["est_flat"] = None
+    elif case == "predict_previous_without_decays":
+        kwargs["prev_decays"] = None
+    elif case == "prev_scales_length":
+        kwargs["prev_scales"] = [0.5] * 2
+    elif case == "own_scales_length":
+        kwargs["own_scales"] = [1.0] * 4
+    else:
+        kind, kwargs = "sgd", dict(COMMON, lrs=[0.1] * 3, wds=[0.0] * 3, mom_flat=est,
+                                   own_scales=[1.0] * 3)
+    with pytest.raises(error) as caught:
+        native.multi_update_(kind, weights, grads, global_flat, **kwargs)
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("case,message", [
+    ("prev_scales_unread", "attribute 'prev_scales' is only read with previous=1"),
+    ("prev_decays_unread", "attribute 'prev_decays' is only read with previous=1"),
+    ("prev_scales_missing", "missing attribute 'prev_scales'"),
+    ("est_length", "'est_flat' has shape (11,) but must be 1-D of length 12"),
+])
+def test_estimate_operator_misuse_gets_a_clear_error(native, case, message):  # noqa: F811
+    """The predict operator called directly: a list it would not read is refused, one it reads
+    is required, and est_flat is checked where it is read (previous=1)."""
+    import mxnet as mx
+    weights, grads, global_flat, prev = _group()
+    est = mx.nd.zeros((11,) if case == "est_length" else (12,))
+    attrs = dict(num_arrays=3, lrs=0.1, wds=0, send=0, rescale_grad=1, clip_gradient=-1,
+                 momentum=0.9, lam=0, adaptive=0, beta=0.9, eps=1e-7, own_scales=2,
+                 previous=0 if case.endswith("unread") else 1)
+    if case in ("prev_scales_unread", "est_length"):
+        attrs.update(prev_scales=0.5)
+    if case != "prev_scales_unread":
+        attrs.update(prev_decays=0.0)
+    with pytest.raises(mx.base.MXNetError) as caught:
+        mx.nd.odsgd_multi_predict_update(*weights, *grads, global_flat, prev, prev, est,
+                                         out=weights, **attrs)
         mx.nd.waitall()
     assert message in _last_extension_error(caught.value)

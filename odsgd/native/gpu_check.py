@@ -6,7 +6,8 @@ Compiles kvstore_ext/local_update_op_gpu.cu with the standalone driver
 kvstore_ext/gpu_check_driver.cu (for the GPU's own architecture), then
 
 1. runs every kind of call (sgd, predict, nag_predict with clip and adaptive on and off and
-   with and without the send copy; gather; scatter) on groups of arrays that include empty
+   with and without the send copy, the predicts with and without the previous round's sum
+   in their estimate; gather; scatter) on groups of arrays that include empty
    ones, tile boundaries and a single array, and compares every array the driver hands back
    with the NumPy float32 reference below (SPEC.md section 2): the updated ones to rtol 1e-5
    / atol 1e-6 (as tests/test_fused_op.py; nvcc contracts a * b + c into FMAs), copies and
@@ -38,7 +39,8 @@ UPDATE_KINDS = ("sgd", "predict", "nag_predict")
 # Array sizes of the correctness cases: one array of several tiles (1024 elements each) and a
 # partial one; a mix with empty arrays, single elements and tile boundaries; nothing at all.
 GROUPS = {"one": [10007], "mixed": [3, 0, 20001, 1, 2048, 0, 1025, 1024], "empty": [0, 0]}
-HYPER = dict(rescale_grad=0.5, momentum=0.9, lam=0.5, beta=0.9, eps=1e-7, num_workers=3)
+HYPER = dict(rescale_grad=0.5, momentum=0.9, lam=0.5, beta=0.9, eps=1e-7)
+PREDICT_KINDS = ("predict", "nag_predict")
 CLIP = 0.8
 
 
@@ -106,7 +108,8 @@ def _driver_archs(nvcc, gpu):
 
 def reference(case, arrays):
     """The 8 arrays (SLOTS) as the call of `case` must leave them, from `arrays`, theirs
-    before it; per-array lr, wd and prev_decay are spread over each array's elements."""
+    before it; the per-array lists (lr, wd, prev_decay, own_scale, prev_scale) are spread
+    over each array's elements."""
     import numpy as np
     f32 = np.float32
     out = {name: arrays[name].copy() for name in SLOTS}
@@ -118,8 +121,8 @@ def reference(case, arrays):
         out["weight"] = arrays["flat"].copy()
         return out
     sizes = case["sizes"]
-    lr, wd, decay = (np.repeat(np.asarray(case[key], f32), sizes)
-                     for key in ("lrs", "wds", "prev_decays"))
+    lr, wd, decay, own, prev = (np.repeat(np.asarray(case[key], f32), sizes) for key in
+                                ("lrs", "wds", "prev_decays", "own_scales", "prev_scales"))
     w, grad, W, aux = arrays["weight"], arrays["grad"], arrays["global"], arrays["aux"]
     g = f32(HYPER["rescale_grad"]) * grad
     if case["clip"]:
@@ -130,18 +133,23 @@ def reference(case, arrays):
         c = f32(1) / np.sqrt(out["var"] + f32(HYPER["eps"]))
     compensation = f32(HYPER["lam"]) * c * g * g * (W - w)
     gc = g + compensation
-    mu, workers = f32(HYPER["momentum"]), f32(HYPER["num_workers"])
+    mu, delta = f32(HYPER["momentum"]), W - aux
     if kind == "sgd":
         out["aux"] = mu * aux - lr * (g + wd * W + compensation)
         out["weight"] = W + out["aux"]
     elif kind == "predict":
-        out["weight"] = W + mu * (W - aux) - lr * (workers * gc + wd * W)
+        out["weight"] = W + mu * delta - lr * (own * gc + wd * W)
+        if case["previous"]:   # the servers' previous round from their momentum, est
+            out["est"] = delta
+            out["weight"] = out["weight"] - prev * (mu * arrays["est"] - delta - decay * aux)
     else:
         one_plus_mu = mu + f32(1)
-        delta = W - aux
         out["est"] = (delta + mu * arrays["est"]) / one_plus_mu - decay * delta
         a = mu * out["est"]
-        out["weight"] = (W - a) + one_plus_mu * (a - lr * (workers * gc + wd * W))
+        bracket = a - lr * (own * gc + wd * W)
+        if case["previous"]:   # the servers' previous round from the estimate's update
+            bracket = bracket - prev * (mu * arrays["est"] - out["est"] - decay * W)
+        out["weight"] = (W - a) + one_plus_mu * bracket
     if case["send"]:
         out["send"] = grad.copy()
     return out
@@ -152,26 +160,32 @@ def _computed(case):
     either copied or left alone, and compared exactly."""
     if case["kind"] not in UPDATE_KINDS:
         return ()
+    uses_est = case["kind"] == "nag_predict" or (case["kind"] == "predict" and case["previous"])
     return (("weight",) + (("aux",) if case["kind"] == "sgd" else ())
-            + (("var",) if case["adaptive"] else ())
-            + (("est",) if case["kind"] == "nag_predict" else ()))
+            + (("var",) if case["adaptive"] else ()) + (("est",) if uses_est else ()))
 
 
 # ------------------------------------------------------------------------------------------
 # Correctness cases
 
 def correctness_cases():
-    """Every update kind x clip x adaptive x send on the mixed group, each kind on one array
-    and on empty arrays only, and gather and scatter on every group."""
+    """Every update kind x clip x adaptive x send (x previous for the predicts) on the mixed
+    group, each kind on one array and on empty arrays only, and gather and scatter on every
+    group."""
     cases = []
     for kind in UPDATE_KINDS:
-        for clip, adaptive, send in itertools.product((False, True), repeat=3):
-            cases.append(dict(kind=kind, group="mixed", clip=clip, adaptive=adaptive, send=send))
-        for adaptive in (False, True):
-            cases.append(dict(kind=kind, group="one", clip=True, adaptive=adaptive, send=True))
-        cases.append(dict(kind=kind, group="empty", clip=False, adaptive=True, send=True))
+        for previous in ((False, True) if kind in PREDICT_KINDS else (False,)):
+            for clip, adaptive, send in itertools.product((False, True), repeat=3):
+                cases.append(dict(kind=kind, group="mixed", clip=clip, adaptive=adaptive,
+                                  send=send, previous=previous))
+            for adaptive in (False, True):
+                cases.append(dict(kind=kind, group="one", clip=True, adaptive=adaptive,
+                                  send=True, previous=previous))
+            cases.append(dict(kind=kind, group="empty", clip=False, adaptive=True, send=True,
+                              previous=previous))
     for kind, group in itertools.product(("gather", "scatter"), sorted(GROUPS)):
-        cases.append(dict(kind=kind, group=group, clip=False, adaptive=False, send=False))
+        cases.append(dict(kind=kind, group=group, clip=False, adaptive=False, send=False,
+                          previous=False))
     return cases
 
 
@@ -185,6 +199,9 @@ def _write_case(folder, index, case):
     case["lrs"] = [float(x) for x in rng.uniform(0.01, 0.2, num)]
     case["wds"] = [float(x) for x in rng.choice([0.0, 0.01, 0.05], num)]
     case["prev_decays"] = [float(x) for x in rng.choice([0.0, 1e-3, 0.02], num)]
+    case["own_scales"] = [float(x) for x in rng.choice([1.0, 3.0, 3 / 1.9], num)]
+    case["prev_scales"] = [float(x) for x in rng.choice([0.0, 2 / 3, 1.5], num)] \
+        if case["previous"] else [0.0] * num
 
     def normal(scale):
         return (scale * rng.standard_normal(total)).astype(np.float32)
@@ -197,13 +214,14 @@ def _write_case(folder, index, case):
     path = os.path.join(folder, "case%02d" % index)
     os.makedirs(path)
     hyper = [HYPER["rescale_grad"], CLIP if case["clip"] else -1.0, HYPER["momentum"],
-             HYPER["lam"], HYPER["beta"], HYPER["eps"], HYPER["num_workers"]]
+             HYPER["lam"], HYPER["beta"], HYPER["eps"]]
     lines = ["kind %s" % case["kind"],
-             "flags %d %d %d" % (case["clip"], case["adaptive"], case["send"]),
+             "flags %d %d %d %d" % (case["clip"], case["adaptive"], case["send"],
+                                    case["previous"]),
              "hyper " + " ".join(map(repr, map(float, hyper))),
              "sizes %d %s" % (num, " ".join(map(str, sizes)))]
     lines += ["%s %s" % (key, " ".join(map(repr, case[key])))
-              for key in ("lrs", "wds", "prev_decays")]
+              for key in ("lrs", "wds", "prev_decays", "own_scales", "prev_scales")]
     with open(os.path.join(path, "case.txt"), "w") as handle:
         handle.write("\n".join(lines) + "\n")
     np.concatenate([arrays[name] for name in SLOTS]).astype("<f4").tofile(
@@ -235,7 +253,7 @@ def _compare(case, before, path):
 
 
 def _describe(case):
-    flags = [name for name in ("clip", "adaptive", "send") if case[name]]
+    flags = [name for name in ("clip", "adaptive", "send", "previous") if case[name]]
     return "%s on %s arrays%s" % (case["kind"], case["group"],
                                   " (%s)" % ", ".join(flags) if flags else "")
 
@@ -297,7 +315,8 @@ def resnet50_sizes():
 
 def bytes_per_element(kind, adaptive=False):
     """Bytes a call must move per element: the arrays it reads and writes, 4 bytes each."""
-    reads, writes = {"sgd": (4, 2), "predict": (4, 1), "nag_predict": (5, 2), "gather": (1, 1),
+    reads, writes = {"sgd": (4, 2), "predict": (4, 1), "predict+previous": (5, 2),
+                     "nag_predict": (5, 2), "nag_predict+previous": (5, 2), "gather": (1, 1),
                      "scatter": (1, 1), "copy": (1, 1)}[kind]
     return 4 * (reads + writes + (2 if adaptive else 0))
 
@@ -333,7 +352,8 @@ def print_bandwidth(times, sizes, repeats):
     copy = gbps("copy", 8)
     print("%-22s %6d %11s %10s %10s" % ("device-to-device copy", 8, "-", cell(copy, 10), "-"))
     worst = None
-    for kind, adaptive in itertools.chain(itertools.product(UPDATE_KINDS, (False, True)),
+    bench_kinds = UPDATE_KINDS + tuple(kind + "+previous" for kind in PREDICT_KINDS)
+    for kind, adaptive in itertools.chain(itertools.product(bench_kinds, (False, True)),
                                           [("gather", None), ("scatter", None)]):
         suffix = kind if adaptive is None else "%s:%s" % (kind, "adaptive" if adaptive
                                                          else "constant")

@@ -182,8 +182,8 @@ def local_update_(weight, grad, global_weight, mom, var, *, rescale_grad, clip_g
     for other dtypes or sizes, naming the array as `multi_update_` does; requires `load()`.
     """
     return _one_array("sgd", "local_update_", weight, grad, (global_weight, mom), var, adaptive,
-                      (lr, wd), _common_items(rescale_grad, clip_gradient, momentum, lam,
-                                              adaptive, beta, eps), 1)
+                      _rate_items([lr], [wd]), _common_items(rescale_grad, clip_gradient,
+                                                             momentum, lam, adaptive, beta, eps))
 
 
 def predict_update_(weight, grad, global_weight, prev_global_weight, var, *, rescale_grad,
@@ -214,30 +214,35 @@ def predict_update_(weight, grad, global_weight, prev_global_weight, var, *, res
     lr, momentum, wd : float
         The *global* optimizer's (SGD) current learning rate, momentum mu and weight decay.
     num_workers : int
-        N, the number of workers whose gradients the global update sums.
+        N, the number of workers whose gradients the global update sums (>= 1): the
+        prediction's estimate of that sum is N * gc.
 
     Returns
     -------
     NDArray
         `weight` itself.
     """
+    rates = _rate_items([lr], [wd]) + _estimate_items(
+        "predict", 1, _own_scales(None, num_workers, 1, "predict_update_"), None, None)
     return _one_array("predict", "predict_update_", weight, grad,
-                      (global_weight, prev_global_weight), var, adaptive, (lr, wd),
+                      (global_weight, prev_global_weight), var, adaptive, rates,
                       _common_items(rescale_grad, clip_gradient, momentum, lam, adaptive, beta,
-                                    eps), num_workers)
+                                    eps))
 
 
-def _one_array(kind, caller, weight, grad, states, var, adaptive, rates, common, num_workers):
+def _one_array(kind, caller, weight, grad, states, var, adaptive, rates, common):
     """The operator of `kind` with P = 1; returns `weight`. `states` (W and mom or W_prev,
     any shapes) and var (when adaptive; else unused, and never reshaped) are passed as flat
-    views of themselves; `rates` is (lr, wd)."""
+    views of themselves; `rates` are the per-array attribute items. The predict's est_flat
+    is unused here (no previous round): the placeholder."""
     context = weight.context
     var = _var_or_placeholder(var, context, adaptive, caller, "var")
     views = _flat_views(states + (var,) if adaptive else states)
+    flats = views if adaptive else views + [var.handle]
+    if kind == "predict":
+        flats = flats + [_placeholder(context).handle]
     try:
-        _update(kind, [weight], [grad], views if adaptive else views + [var.handle], None,
-                context, (("lrs", _number(rates[0])), ("wds", _number(rates[1]))), common,
-                num_workers)
+        _update(kind, [weight], [grad], flats, None, context, rates, common)
     finally:
         _free(views)
     return weight
@@ -287,21 +292,35 @@ def _var_or_placeholder(var, context, adaptive, caller, name):
 
 def multi_update_(kind, weights, grads, global_flat, *, prev_global_flat=None, mom_flat=None,
                   var_flat=None, send_flat=None, est_flat=None, lrs, wds, prev_decays=None,
-                  rescale_grad, clip_gradient, momentum, lam, adaptive, beta, eps,
-                  num_workers=1):
+                  own_scales=None, prev_scales=None, rescale_grad, clip_gradient, momentum,
+                  lam, adaptive, beta, eps, num_workers=1):
     """The local step of OD-SGD (SPEC.md section 2) on P arrays at once: one operator call.
 
     The per-element math is `local_update_`'s (kind 'sgd') or `predict_update_`'s (kind
-    'predict'; both are this function with P = 1), array k with lr = lrs[k] and wd = wds[k]. Kind 'nag_predict' is the
-    'predict' step for the global optimizer NAG (docs/predict.md), per element in float32::
+    'predict'; both are this function with P = 1), array k with lr = lrs[k] and wd = wds[k].
+    Kind 'nag_predict' is the 'predict' step for the global optimizer NAG (docs/predict.md),
+    per element in float32::
 
         g, c, gc as in `predict_update_` (v updated first when adaptive)
         dW  = W - W_prev
-        est = (dW + momentum * est) / (1 + momentum) - prev_decay * dW
-        a   = momentum * est;  d = num_workers * gc + wd * W
+        m   = est;  est = (dW + momentum * est) / (1 + momentum) - prev_decay * dW
+        a   = momentum * est;  d = own_scale * gc + wd * W
         w   = (W - a) + (1 + momentum) * (a - lr * d)
 
     with 1 + momentum formed in float32 (as MXNet's nag_mom_update does).
+
+    The predicts estimate the sum of the workers' gradients of the round by own_scale * gc
+    (own_scales[k]; default num_workers, the estimate N * gc). With `prev_scales` the estimate
+    also takes the previous round's sum G_{t-1} (docs/predict.md, "The estimate of the
+    gradient sum"), recovered from the worker's copy of the servers' state::
+
+        'predict':      P = momentum * est - dW - prev_decay * W_prev;  est = dW
+                        w = W + momentum * dW - lr * (own_scale * gc + wd * W) - prev_scale * P
+        'nag_predict':  P = momentum * m - est - prev_decay * W   (est after its update)
+                        w = (W - a) + (1 + momentum) * (a - lr * d - prev_scale * P)
+
+    P is lr_{t-1} * G_{t-1} of the servers' round that produced W from W_prev (exact when est
+    is the servers' state), so prev_scale is the weight of G_{t-1} times lr_t / lr_{t-1}.
 
     The flat layout: array k of n_k elements occupies [off_k, off_k + n_k) of a 1-D float32
     array of length N = n_0 + ... + n_{P-1} (off_0 = 0, arrays in the order given, each
@@ -324,8 +343,10 @@ def multi_update_(kind, weights, grads, global_flat, *, prev_global_flat=None, m
     var_flat : NDArray, float32, (N,), or None
         v of the adaptive mode, flat layout, updated in place; required when `adaptive`.
     est_flat : NDArray, float32, (N,)
-        'nag_predict' only (required): the estimate of the servers' NAG state, flat layout
-        (starts at 0); updated in place.
+        The worker's copy of the servers' optimizer state after the round that produced W,
+        flat layout, updated in place: 'nag_predict' (required) the estimate of the NAG
+        state (starts at 0); 'predict' with prev_scales (required, else refused) the last
+        change of the global weights, SGD's momentum.
     send_flat : NDArray, float32, (N,), or None
         When given, the same call also writes send_flat[off_k:off_k+n_k] = grads[k].ravel()
         (the raw gradient, for the push).
@@ -333,13 +354,19 @@ def multi_update_(kind, weights, grads, global_flat, *, prev_global_flat=None, m
         Per-array learning rate and weight decay ('sgd': the local optimizer's; 'predict':
         the global optimizer's lr x lr_mult and wd x wd_mult, as the servers apply them).
     prev_decays : sequence of P floats
-        'nag_predict' only (required): per array, lr x wd (multipliers included) of the
-        servers' round that produced W (global_flat) from W_prev.
+        Where est_flat is used (required there, refused elsewhere): per array, lr x wd
+        (multipliers included) of the servers' round that produced W from W_prev.
+    own_scales : sequence of P floats, or None
+        The predicts: the weight of the worker's gc in the estimate of the round's gradient
+        sum; None: num_workers for every array.
+    prev_scales : sequence of P floats, or None
+        The predicts: the weight of P above (0 for an array whose previous round is not
+        known); None: the estimate does not use the previous round.
     rescale_grad, clip_gradient, momentum, lam, adaptive, beta, eps
         As in `local_update_` (momentum: the local mu_l for 'sgd', the global mu for
         'predict' and 'nag_predict').
     num_workers : int
-        'predict' and 'nag_predict': N, the number of workers.
+        'predict' and 'nag_predict': N, the number of workers (>= 1).
 
     Returns
     -------
@@ -349,12 +376,38 @@ def multi_update_(kind, weights, grads, global_flat, *, prev_global_flat=None, m
     Raises
     ------
     ValueError, TypeError
-        A wrong kind, P = 0, lists of different lengths, a required flat array missing or
-        one given that the kind does not use. MXNetError (raised here, synchronously): a
-        dtype other than float32, shapes that do not match, a flat array of the wrong
-        length. Arrays whose memory overlaps are refused when the operator runs (raised at
-        the next wait on a written array).
+        A wrong kind, P = 0, lists of different lengths, a required flat array or list
+        missing or one given that the call does not use. MXNetError (raised here,
+        synchronously): a dtype other than float32, shapes that do not match, a flat array
+        of the wrong length. Arrays whose memory overlaps are refused when the operator runs
+        (raised at the next wait on a written array).
     """
+    num = _check_arrays(kind, weights, grads, lrs, wds)
+    aux = _check_aux(kind, prev_global_flat, mom_flat)
+    previous = prev_scales is not None
+    uses_est = kind == "nag_predict" or (kind == "predict" and previous)
+    _check_est(kind, uses_est, est_flat, prev_decays, num)
+    rates = _rate_items(lrs, wds)
+    if kind == "sgd":
+        for name, value in (("est_flat", est_flat), ("prev_decays", prev_decays),
+                            ("own_scales", own_scales), ("prev_scales", prev_scales)):
+            if value is not None:
+                raise TypeError("odsgd.native.multi_update_: kind 'sgd' does not use %s; pass "
+                                "None" % name)
+    else:
+        own = _own_scales(own_scales, num_workers, num, "multi_update_")
+        rates += _estimate_items(kind, num, own, prev_scales, prev_decays if uses_est else None)
+    context = global_flat.context
+    var_flat = _var_or_placeholder(var_flat, context, adaptive, "multi_update_", "var_flat")
+    flats = [global_flat.handle, aux.handle, var_flat.handle]
+    if kind != "sgd":
+        flats.append((est_flat if uses_est else _placeholder(context)).handle)
+    return _update(kind, weights, grads, flats, send_flat, context, rates, _common_items(
+        rescale_grad, clip_gradient, momentum, lam, adaptive, beta, eps))
+
+
+def _check_arrays(kind, weights, grads, lrs, wds):
+    """P, after checking the kind and that every per-array list has P entries."""
     if kind not in ("sgd", "predict", "nag_predict"):
         raise ValueError("odsgd.native.multi_update_: kind must be 'sgd' or 'predict' (or "
                          "'nag_predict': 'predict' for the global optimizer NAG), got %r"
@@ -367,6 +420,11 @@ def multi_update_(kind, weights, grads, global_flat, *, prev_global_flat=None, m
         raise ValueError("odsgd.native.multi_update_: weights, grads, lrs and wds must have "
                          "one entry per array; got %d, %d, %d, %d"
                          % (num, len(grads), len(lrs), len(wds)))
+    return num
+
+
+def _check_aux(kind, prev_global_flat, mom_flat):
+    """The kind's second flat input: mom_flat ('sgd') or prev_global_flat (the predicts)."""
     if kind == "sgd":
         aux, unused = mom_flat, ("prev_global_flat", prev_global_flat)
         if mom_flat is None:
@@ -381,38 +439,65 @@ def multi_update_(kind, weights, grads, global_flat, *, prev_global_flat=None, m
     if unused[1] is not None:
         raise TypeError("odsgd.native.multi_update_: kind %r does not use %s; pass None"
                         % (kind, unused[0]))
-    if kind == "nag_predict":
-        if est_flat is None:
-            raise TypeError("odsgd.native.multi_update_: kind 'nag_predict' needs est_flat "
-                            "(the estimate of the servers' NAG state, flat layout)")
-        if prev_decays is None or len(prev_decays) != num:
-            raise ValueError("odsgd.native.multi_update_: kind 'nag_predict' needs prev_decays, "
-                             "one number per array; got %s"
-                             % ("none" if prev_decays is None else len(prev_decays)))
-    else:
+    return aux
+
+
+def _check_est(kind, uses_est, est_flat, prev_decays, num):
+    """est_flat and prev_decays are required where the call uses them, refused elsewhere."""
+    why = "the estimate of the servers' NAG state" if kind == "nag_predict" else \
+        "the last change of the global weights"
+    if uses_est and est_flat is None:
+        raise TypeError("odsgd.native.multi_update_: kind %r%s needs est_flat (%s, flat "
+                        "layout)" % (kind, " with prev_scales" if kind == "predict" else "", why))
+    if uses_est and (prev_decays is None or len(prev_decays) != num):
+        raise ValueError("odsgd.native.multi_update_: kind %r%s needs prev_decays, one number "
+                         "per array; got %s" % (kind, " with prev_scales" if kind == "predict"
+                                                else "", "none" if prev_decays is None
+                                                else len(prev_decays)))
+    if not uses_est and kind != "sgd":
         for name, value in (("est_flat", est_flat), ("prev_decays", prev_decays)):
             if value is not None:
-                raise TypeError("odsgd.native.multi_update_: kind %r does not use %s; pass "
-                                "None" % (kind, name))
-    context = global_flat.context
-    var_flat = _var_or_placeholder(var_flat, context, adaptive, "multi_update_", "var_flat")
-    flats = [a.handle for a in (global_flat, aux, var_flat)
-             + ((est_flat,) if kind == "nag_predict" else ())]
-    rates = (("lrs", _rate_list(list(lrs))), ("wds", _rate_list(list(wds))))
-    if kind == "nag_predict":
-        rates += (("prev_decays", _rate_list(list(prev_decays))),)
-    return _update(kind, weights, grads, flats, send_flat, context, rates, _common_items(
-        rescale_grad, clip_gradient, momentum, lam, adaptive, beta, eps), num_workers)
+                raise TypeError("odsgd.native.multi_update_: kind %r does not use %s without "
+                                "prev_scales; pass None" % (kind, name))
 
 
-def _update(kind, weights, grads, flats, send_flat, context, rates, common, num_workers):
+def _own_scales(own_scales, num_workers, num, caller):
+    """own_scales as given (P numbers), else num_workers for every array (the estimate N gc)."""
+    if own_scales is not None:
+        if len(own_scales) != num:
+            raise ValueError("odsgd.native.%s: own_scales needs one number per array; got %d "
+                             "for %d arrays" % (caller, len(own_scales), num))
+        return list(own_scales)
+    if isinstance(num_workers, bool) or int(num_workers) != num_workers or num_workers < 1:
+        raise ValueError("odsgd.native.%s: num_workers must be an integer >= 1, got %r"
+                         % (caller, num_workers))
+    return [float(num_workers)] * num
+
+
+def _estimate_items(kind, num, own_scales, prev_scales, prev_decays):
+    """The predicts' attribute items of the estimate of the round's gradient sum."""
+    items = (("own_scales", _rate_list(list(own_scales))),
+             ("previous", "1" if prev_scales is not None else "0"))
+    if prev_scales is not None:
+        if len(prev_scales) != num:
+            raise ValueError("odsgd.native.multi_update_: prev_scales needs one number per "
+                             "array; got %d for %d arrays" % (len(prev_scales), num))
+        items += (("prev_scales", _rate_list(list(prev_scales))),)
+    if prev_decays is not None:
+        items += (("prev_decays", _rate_list(list(prev_decays))),)
+    return items
+
+
+def _rate_items(lrs, wds):
+    return (("lrs", _rate_list(list(lrs))), ("wds", _rate_list(list(wds))))
+
+
+def _update(kind, weights, grads, flats, send_flat, context, rates, common):
     """Runs the operator of `kind` on checked arguments: `flats` are the handles of its flat
     inputs in order, `rates` the per-array attributes, `common` _common_items(...)."""
     send = send_flat is not None
     items = (("num_arrays", str(len(weights))),) + rates + (
         ("send", "1" if send else "0"),) + common
-    if kind != "sgd":
-        items += (("num_workers", str(int(num_workers))),)
     layout.to_default_layout(weights, context)
     inputs = [a.handle for a in weights]
     inputs += [a.handle for a in grads]
