@@ -402,8 +402,9 @@ class PredictRule(LocalRule):
         at its own local step step - 1 of that parameter (they are the rates it pushed that
         round with: Trainer.set_learning_rate and multiplier changes reach the servers before
         the push); None where that step was not a local step of the parameter (step 0, the
-        first OD step after a warm-up or a resume, a parameter that starts training late):
-        then its states were not advanced by that round either."""
+        first OD step after a warm-up, a parameter that starts training late: then its states
+        were not advanced by that round either), or where they are not known (a resume from
+        states saved without them)."""
         previous = []
         for key in group.keys:
             last = self._last_rates.get(key)
@@ -447,6 +448,16 @@ class PredictRule(LocalRule):
                 own.append(1.0)
                 prev.append((n - 1) / n * lr / known[0])
         return own, prev
+
+    # -- states beyond the group's flat buffers ------------------------------------------------
+    def get_extra_states(self):
+        """The rates of each parameter's last local step (`previous_rates`), so that a resumed
+        worker knows the round before its first step as the one that saved them did."""
+        return {"last_rates": dict(self._last_rates)}
+
+    def set_extra_states(self, saved):
+        if isinstance(saved, dict) and "last_rates" in saved:   # else another rule's states
+            self._last_rates = dict(saved["last_rates"])
 
     def fallback_estimate(self, i, params):
         """The estimate's arguments of the NDArray fallbacks for array i."""
@@ -552,6 +563,8 @@ class MXOptimizerRule(_OwnRatesRule):
         return self.updater.get_states(dump_optimizer=False)
 
     def set_extra_states(self, saved):
+        if isinstance(saved, dict):     # a 'predict' rule's rates (states saved with another
+            return                      # local optimizer): nothing of this optimizer's
         self.updater.set_states(saved)
 
 

@@ -5,6 +5,7 @@ training late."""
 import numpy as np
 
 import od_reference as ref
+from odsgd.config import DEFAULTS
 from cluster import run_job
 from jobs import quadratic_problem as problem
 
@@ -24,7 +25,8 @@ def simulate(workers, steps, lr, momentum=0.0, wd=0.0, rescale=1.0 / problem.BAT
              warmup_steps=0, local_optimizer="predict", local_lr=None, local_momentum=0.0,
              local_wd=0.0, compensation=0.0, compensation_mode="constant", clip=None,
              lr_at=None, lr_mults=(1.0, 1.0), wd_mults=(1.0, 1.0), lr_mults_at=None,
-             trained_from=(0, 0), initial=None, optimizer="sgd", global_history=None):
+             trained_from=(0, 0), initial=None, optimizer="sgd", global_history=None,
+             estimate=None):
     """NumPy simulation of OD-SGD on the quadratic problem. Returns per worker the local
     (weight, bias) after each step, and the final global (weight, bias).
 
@@ -37,9 +39,16 @@ def simulate(workers, steps, lr, momentum=0.0, wd=0.0, rescale=1.0 / problem.BAT
     optimizer 'nag': the servers run MXNet 1.9.1's NAG (ref.global_nag_step) and 'predict'
     is its NAG rule (ref.nag_predict_step): each worker's estimate of the servers' state
     starts at 0 and is advanced at each of its OD steps with lr x wd of the servers' previous
-    round. global_history: a list that receives the global (weight, bias) after every step."""
+    round. global_history: a list that receives the global (weight, bias) after every step.
+
+    estimate: 'predict''s estimate of the round's gradient sum (ODSGD_PREDICT_ESTIMATE; None:
+    the store's default), see `estimate_scales`. For 'previous' every worker keeps, per
+    parameter, its copy of the servers' state (SGD: the last weight change, from 0 at its
+    first OD step; NAG: the estimate above) and takes the previous round's sum where its
+    previous step of that parameter was an OD step whose rate was not 0."""
     lr_at = lr_at or (lambda t: lr)
     lr_mults_at = lr_mults_at or (lambda t: lr_mults)
+    estimate = estimate or DEFAULTS["predict_estimate"]
     W = [a.copy() for a in (initial or problem.initial_weights())]
     W_prev = [a.copy() for a in W]
     mom_global = [np.zeros_like(a) for a in W]
@@ -61,6 +70,10 @@ def simulate(workers, steps, lr, momentum=0.0, wd=0.0, rescale=1.0 / problem.BAT
         # lr x wd of the round that produced W (the first round's at t = 0: W_prev = W then)
         prev_decays = [lr_at(max(t - 1, 0)) * lr_mults_at(max(t - 1, 0))[k] * wd * wd_mults[k]
                        for k in range(2)]
+        scales = [estimate_scales(estimate, workers, momentum, lr_at(t) * lr_mult[k],
+                                  lr_at(t - 1) * lr_mults_at(t - 1)[k]
+                                  if t >= 1 and t - 1 >= max(warmup_steps, trained_from[k])
+                                  else None) for k in range(2)]
         for i in range(workers):
             for k in range(2):
                 if not trained[k]:
@@ -72,13 +85,16 @@ def simulate(workers, steps, lr, momentum=0.0, wd=0.0, rescale=1.0 / problem.BAT
                         local[i][k], W[k], W_prev[k], grads[i][k], est[i][k], v[i][k],
                         rescale_grad=rescale, lr=lr_at(t) * lr_mult[k], momentum=momentum,
                         wd=wd * wd_mults[k], prev_decay=prev_decays[k], lam=compensation,
-                        num_workers=workers, mode=compensation_mode, clip_gradient=clip)
+                        num_workers=workers, mode=compensation_mode, clip_gradient=clip,
+                        **scales[k])
                 elif local_optimizer == "predict":
+                    state = dict(est=est[i][k], prev_decay=prev_decays[k]) \
+                        if estimate == "previous" else {}
                     local[i][k] = ref.predict_step(
                         local[i][k], W[k], W_prev[k], grads[i][k], v[i][k],
                         rescale_grad=rescale, lr=lr_at(t) * lr_mult[k], momentum=momentum,
                         wd=wd * wd_mults[k], lam=compensation, num_workers=workers,
-                        mode=compensation_mode, clip_gradient=clip)
+                        mode=compensation_mode, clip_gradient=clip, **scales[k], **state)
                 else:
                     local[i][k] = ref.local_sgd_step(
                         local[i][k], W[k], grads[i][k], m[i][k], v[i][k],
@@ -91,6 +107,21 @@ def simulate(workers, steps, lr, momentum=0.0, wd=0.0, rescale=1.0 / problem.BAT
         if global_history is not None:
             global_history.append([a.copy() for a in W])
     return history, W
+
+
+def estimate_scales(estimate, workers, momentum, lr, previous_lr):
+    """own_scale and prev_scale of ref.predict_step / nag_predict_step for one parameter, as
+    docs/predict.md states them: 'own' N gc; 'shrunk' N gc / (1 + mu); 'previous'
+    gc + (N - 1) / N G_{t-1}, whose lr_{t-1} G_{t-1} the step recovers, hence the weight
+    (N - 1) / N lr_t / lr_{t-1}; N gc where the previous round is not known (previous_lr None:
+    the worker's previous step of the parameter was no OD step) or its rate was 0."""
+    if estimate == "own":
+        return dict(own_scale=workers)
+    if estimate == "shrunk":
+        return dict(own_scale=workers / (1.0 + momentum))
+    if previous_lr is None or previous_lr == 0:
+        return dict(own_scale=workers, prev_scale=0.0)
+    return dict(own_scale=1.0, prev_scale=(workers - 1) / workers * lr / previous_lr)
 
 
 def assert_matches(results, history, W, rtol=RTOL, atol=ATOL):

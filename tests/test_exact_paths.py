@@ -153,22 +153,43 @@ def test_float16_weights_with_multi_precision(tmp_path):
     assert_matches(od, history, W, rtol=2e-2, atol=5e-3)   # float16: 11-bit mantissa
 
 
-def test_nag_predict_matches_numpy_at_every_step(tmp_path):
+ESTIMATES = ("own", "previous", "shrunk")
+
+
+@pytest.mark.parametrize("estimate", ESTIMATES)
+def test_nag_predict_matches_numpy_at_every_step(tmp_path, estimate):
     """Global optimizer NAG (MXNet 1.9.1's nag_mom_update on the servers) with 'predict':
     wd 0.05, lr_mult 0.3 on the weight, wd_mult 0 on the bias, 2 warm-up steps, constant
     compensation, and Trainer.set_learning_rate at step 5. Every worker's local weights and
     the global weights after every step equal the simulation, whose servers run MXNet's NAG
     rule and whose workers keep the estimate of the servers' state that docs/predict.md
-    states (from 0 at the first OD step, advanced with lr x wd of the round before)."""
+    states (from 0 at the first OD step, advanced with lr x wd of the round before), with each
+    estimate of the round's gradient sum (ODSGD_PREDICT_ESTIMATE): 'previous' takes the
+    previous round's from the third step on, at the rate ratio of the change at step 5."""
+    _predict_matches_numpy_at_every_step(tmp_path, "nag", estimate)
+
+
+@pytest.mark.parametrize("estimate", ESTIMATES)
+def test_sgd_predict_matches_numpy_at_every_step(tmp_path, estimate):
+    """The same run with the global optimizer SGD (MXNet's sgd_mom_update on the servers):
+    'previous' keeps the servers' momentum (the last weight change) per parameter and takes
+    the previous round's sum recovered from it."""
+    _predict_matches_numpy_at_every_step(tmp_path, "sgd", estimate)
+
+
+def _predict_matches_numpy_at_every_step(tmp_path, optimizer, estimate):
     from quadratic_simulation import assert_global_steps
     options = dict(steps=9, lr=0.05, momentum=0.9, wd=0.05, warmup_steps=2,
                    local_optimizer="predict", compensation=0.3, lr_mult_weight=0.3,
                    wd_mult_bias=0.0, lr_change_step=5, lr_change_to=0.02)
-    results = run(tmp_path, optimizer="nag", record_global=1, **options)
+    results = run(tmp_path, optimizer=optimizer, record_global=1,
+                  env={"ODSGD_PREDICT_ESTIMATE": estimate}, **options)
+    assert all(str(r["predict_estimate"]) == estimate for r in results)   # reached the store
     global_history = []
     history, W = simulate(2, 9, 0.05, momentum=0.9, wd=0.05, warmup_steps=2,
                           local_optimizer="predict", compensation=0.3, lr_mults=(0.3, 1.0),
                           wd_mults=(1.0, 0.0), lr_at=lambda t: 0.05 if t < 5 else 0.02,
-                          optimizer="nag", global_history=global_history)
+                          optimizer=optimizer, global_history=global_history,
+                          estimate=estimate)
     assert_matches(results, history, W)
     assert_global_steps(results, global_history)

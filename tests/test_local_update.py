@@ -1,5 +1,8 @@
 """LocalUpdater (the OD-phase step of SPEC.md section 2) against the NumPy reference, through
 the fused operator and through the NDArray fallback, for random shapes and every option."""
+import itertools
+import zlib
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -13,6 +16,11 @@ SHAPES = [(1,), (7,), (33, 5), (4, 3, 2), (1031,)]
 RTOL, ATOL = 1e-5, 1e-6
 
 
+def seed_of(*case):
+    """A random seed of a test case that is the same in every run (hash() of a str is not)."""
+    return zlib.crc32(repr(case).encode())
+
+
 @pytest.fixture(params=["fused", "fallback"])
 def path(request, monkeypatch):
     if request.param == "fused":
@@ -22,10 +30,15 @@ def path(request, monkeypatch):
     return request.param
 
 
+# The tests of 'predict' below hold the estimate N * gc of the round's gradient sum unless they
+# name another (ODSGD_PREDICT_ESTIMATE; the estimates are tested together further down).
+OWN = {"ODSGD_PREDICT_ESTIMATE": "own"}
+
+
 def make_updater(num_workers=3, lr=0.1, momentum=0.9, wd=1e-3, rescale=0.25, **store):
     optimizer = mx.optimizer.SGD(learning_rate=lr, momentum=momentum, wd=wd,
                                  rescale_grad=rescale)
-    return LocalUpdater(ODSGDConfig(environ={}, **store), optimizer, num_workers), optimizer
+    return LocalUpdater(ODSGDConfig(environ=OWN, **store), optimizer, num_workers), optimizer
 
 
 def arrays(shape, rng):
@@ -36,7 +49,7 @@ def arrays(shape, rng):
 @pytest.mark.parametrize("mode", ["constant", "adaptive"])
 @pytest.mark.parametrize("clip", [None, 0.3])
 def test_local_sgd(path, shape, mode, clip):
-    rng = np.random.RandomState(hash((shape, mode, clip)) % 2**31)
+    rng = np.random.RandomState(seed_of(shape, mode, clip))
     params = {"learning_rate": 0.07, "momentum": 0.6, "wd": 2e-3}
     if clip:
         params["clip_gradient"] = clip
@@ -59,7 +72,7 @@ def test_local_sgd(path, shape, mode, clip):
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("lam,mode", [(0.0, "constant"), (0.5, "constant"), (0.5, "adaptive")])
 def test_predict(path, shape, lam, mode):
-    rng = np.random.RandomState(hash((shape, lam, mode)) % 2**31)
+    rng = np.random.RandomState(seed_of(shape, lam, mode))
     updater, opt = make_updater(local_optimizer="predict", compensation=lam,
                                 compensation_mode=mode)
     w, W, W_prev, _ = arrays(shape, rng)
@@ -229,9 +242,9 @@ def nag_global(lr=0.1, momentum=0.9, wd=1e-3, rescale=0.25, **kwargs):
 def test_nag_predict(path, shape, lam, mode, clip):
     """The global optimizer NAG: 'predict' keeps the estimate of the servers' state and
     applies NAG's update with N * gc, step after step (the estimate carried over)."""
-    rng = np.random.RandomState(hash(("nag", shape, lam, mode, clip)) % 2**31)
+    rng = np.random.RandomState(seed_of("nag", shape, lam, mode, clip))
     params = {"clip_gradient": clip} if clip else None
-    updater = LocalUpdater(ODSGDConfig(environ={}, local_optimizer="predict", compensation=lam,
+    updater = LocalUpdater(ODSGDConfig(environ=OWN, local_optimizer="predict", compensation=lam,
                                        compensation_mode=mode, local_optimizer_params=params),
                            nag_global(), 3)
     assert updater.nag_predict
@@ -276,7 +289,7 @@ def test_nag_predict_uses_the_rates_of_the_round_before(path):
     multipliers = [(0.3, 1.0), (1.0, 0.0), (0.5, 2.0)]
     optimizer = nag_global(lr=0.1, wd=0.01,
                            lr_scheduler=mx.lr_scheduler.FactorScheduler(2, 0.5, base_lr=0.1))
-    updater = LocalUpdater(ODSGDConfig(environ={}), optimizer, 2)   # 'predict' by default
+    updater = LocalUpdater(ODSGDConfig(environ=OWN), optimizer, 2)   # 'predict' by default
     group, weights = _nag_group(rng, shapes)
     w = [a.asnumpy() for a in weights]
     est = [np.zeros(s, np.float32) for s in shapes]
@@ -340,11 +353,146 @@ def test_nag_predict_estimate_survives_a_checkpoint(path):
     np.testing.assert_array_equal(other.mom.asnumpy(), group.mom.asnumpy())
 
 
-def test_nag_predict_allocates_no_state_for_sgd():
-    """Only NAG needs the estimate: 'predict' with SGD keeps no per-parameter state."""
+def test_predict_keeps_a_state_for_nag_and_for_the_previous_estimate():
+    """NAG needs the estimate of its state whatever the estimate of the sum; the SGD predict
+    keeps the servers' momentum only for the 'previous' estimate, which recovers the previous
+    round's sum from it."""
     from odsgd.key_groups import KeyGroup
-    group = KeyGroup(3, ["a"], [0], [mx.nd.zeros((4,))])
-    LocalUpdater(ODSGDConfig(environ={}), mx.optimizer.SGD(momentum=0.9), 2).prepare(group)
-    assert group.mom is None
-    LocalUpdater(ODSGDConfig(environ={}), nag_global(), 2).prepare(group)
-    assert group.mom is not None and group.mom.shape == (4,)
+    for optimizer, estimate, state in ((mx.optimizer.SGD(momentum=0.9), "own", False),
+                                       (mx.optimizer.SGD(momentum=0.9), "shrunk", False),
+                                       (mx.optimizer.SGD(momentum=0.9), "previous", True),
+                                       (nag_global(), "own", True),
+                                       (nag_global(), "previous", True)):
+        group = KeyGroup(3, ["a"], [0], [mx.nd.zeros((4,))])
+        config = ODSGDConfig(environ={"ODSGD_PREDICT_ESTIMATE": estimate})
+        LocalUpdater(config, optimizer, 2).prepare(group)
+        assert (group.mom is not None) == state, (type(optimizer).__name__, estimate)
+        assert group.mom is None or group.mom.shape == (4,)
+
+
+# -- the estimate of the round's gradient sum (docs/predict.md) -----------------------------
+
+def test_predict_estimate_setting():
+    """ODSGD_PREDICT_ESTIMATE picks the estimate (any case); another value is a ValueError
+    naming the variable and the choices; unset, the documented default."""
+    from odsgd.config import DEFAULTS, PREDICT_ESTIMATES
+    assert ODSGDConfig(environ={}).predict_estimate == DEFAULTS["predict_estimate"]
+    assert DEFAULTS["predict_estimate"] in PREDICT_ESTIMATES
+    for name in PREDICT_ESTIMATES:
+        config = ODSGDConfig(environ={"ODSGD_PREDICT_ESTIMATE": name.upper()})
+        assert config.predict_estimate == name and config.as_dict()["predict_estimate"] == name
+    with pytest.raises(ValueError, match="ODSGD_PREDICT_ESTIMATE must be one of own, previous, "
+                                         "shrunk, got 'mean'"):
+        ODSGDConfig(environ={"ODSGD_PREDICT_ESTIMATE": "mean"})
+
+
+def expected_scales(estimate, workers, momentum, lr, previous_lr):
+    """own_scale / prev_scale as docs/predict.md states them (previous_lr None: the previous
+    round is not known to the worker)."""
+    if estimate == "own":
+        return dict(own_scale=workers)
+    if estimate == "shrunk":
+        return dict(own_scale=workers / (1.0 + momentum))
+    if not previous_lr:
+        return dict(own_scale=workers, prev_scale=0.0)
+    return dict(own_scale=1.0, prev_scale=(workers - 1) / workers * lr / previous_lr)
+
+
+ESTIMATE_CASES = list(itertools.product(["sgd", "nag"], ["own", "previous", "shrunk"]))
+
+
+@pytest.mark.parametrize("optimizer,estimate", ESTIMATE_CASES)
+def test_predict_estimates(path, optimizer, estimate):
+    """update_group over three parameters (one with lr_mult 0 from step 3 on, so that at step
+    6 its previous round's rate is 0) at steps 0-3 and, after a step the worker does not take,
+    5-6, with Trainer.set_learning_rate at step 2: every step's weights and state equal the
+    reference with the scales of docs/predict.md. 'previous' knows the round before at steps
+    1-3 and 6 (not at 0 and 5: no local step before them), at the ratio of the rates it
+    used."""
+    rng = np.random.RandomState(seed_of("estimates", optimizer, estimate))
+    shapes = [(3, 4), (5,), (2, 2, 2)]
+    global_optimizer = nag_global(lr=0.1, wd=0.01) if optimizer == "nag" else \
+        mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, wd=0.01, rescale_grad=0.25)
+    updater = LocalUpdater(ODSGDConfig(environ={"ODSGD_PREDICT_ESTIMATE": estimate}),
+                           global_optimizer, 4)
+    group, weights = _nag_group(rng, shapes)
+    w = [a.asnumpy() for a in weights]
+    state = [np.zeros(s, np.float32) for s in shapes]
+    W = [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes]
+    W_prev = [a.copy() for a in W]                       # step 0: W_{-1} = W_0
+    last = {}                                            # array -> (step, lr) of its last step
+    for step in (0, 1, 2, 3, 5, 6):
+        if step == 2:
+            global_optimizer.set_learning_rate(0.04)
+        multipliers = [(0.3, 1.0), (1.0, 0.0), (0.0 if step >= 3 else 0.5, 2.0)]
+        _set_global(group, W, W_prev)
+        g = [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes]
+        updater.update_group(group, step, weights, [mx.nd.array(a) for a in g], multipliers)
+        for i, (lr_mult, wd_mult) in enumerate(multipliers):
+            lr = global_optimizer.learning_rate * lr_mult
+            before = last.get(i)
+            known = before is not None and before[0] == step - 1
+            # unknown: the rate of step - 1 by the schedule (here the rate set) and today's
+            # multipliers, for lr x wd of the estimate's update
+            prev_lr = before[1] if known else lr
+            args = dict(rescale_grad=0.25, lr=lr, momentum=0.9, wd=0.01 * wd_mult, lam=0.0,
+                        num_workers=4, prev_decay=prev_lr * 0.01 * wd_mult,
+                        **expected_scales(estimate, 4, 0.9, lr, prev_lr if known else None))
+            if optimizer == "nag":
+                w[i] = ref.nag_predict_step(w[i], W[i], W_prev[i], g[i], state[i],
+                                            np.zeros_like(w[i]), **args)
+            elif estimate == "previous":
+                w[i] = ref.predict_step(w[i], W[i], W_prev[i], g[i], np.zeros_like(w[i]),
+                                        est=state[i], **args)
+            else:
+                args.pop("prev_decay")
+                w[i] = ref.predict_step(w[i], W[i], W_prev[i], g[i], np.zeros_like(w[i]),
+                                        **args)
+            np.testing.assert_allclose(weights[i].asnumpy(), w[i], rtol=RTOL, atol=ATOL,
+                                       err_msg="step %d, array %d" % (step, i))
+            last[i] = (step, lr)
+        if group.mom is not None:
+            np.testing.assert_allclose(group.mom.asnumpy(),
+                                       np.concatenate([e.ravel() for e in state]), rtol=RTOL,
+                                       atol=ATOL, err_msg="state, step %d" % step)
+        W_prev, W = W, [a + rng.uniform(-0.1, 0.1, a.shape).astype(np.float32) for a in W]
+
+
+def test_previous_estimate_survives_a_checkpoint(path):
+    """The SGD predict with the 'previous' estimate: get_states / set_states carry the copy of
+    the servers' momentum and the rates of the last local step, so a fresh updater loaded
+    from them continues exactly as the one that saved them (which knows the round before)."""
+    rng = np.random.RandomState(43)
+    shapes = [(6,), (2, 3)]
+    environ = {"ODSGD_PREDICT_ESTIMATE": "previous"}
+    updaters = [LocalUpdater(ODSGDConfig(environ=environ), mx.optimizer.SGD(momentum=0.9,
+                                                                            wd=0.01), 2)
+                for _ in range(2)]
+    group, weights = _nag_group(rng, shapes)
+    multipliers = [(1.0, 1.0)] * 2
+    for step in range(3):
+        _set_global(group, [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes],
+                    [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes])
+        updaters[0].update_group(group, step, weights,
+                                 [mx.nd.array(rng.uniform(-1, 1, s)) for s in shapes],
+                                 multipliers)
+    saved = updaters[0].get_states([group])
+    assert saved["optimizer_states"]["last_rates"]["a"][0] == 2
+    other, other_weights = _nag_group(np.random.RandomState(0), shapes)
+    for a, b in zip(other_weights, weights):
+        b.copyto(a)
+    group.current.copyto(other.current)
+    group.previous.copyto(other.previous)
+    updaters[1].set_states(saved, [other])
+    grads = [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes]
+    for updater, g_, ws in ((updaters[0], group, weights), (updaters[1], other, other_weights)):
+        updater.update_group(g_, 3, ws, [mx.nd.array(a) for a in grads], multipliers)
+    for a, b in zip(weights, other_weights):
+        np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
+    np.testing.assert_array_equal(other.mom.asnumpy(), group.mom.asnumpy())
+    # without the rates (states of a store that did not save them) the first step falls back
+    fresh, _ = _nag_group(np.random.RandomState(0), shapes)
+    third = LocalUpdater(ODSGDConfig(environ=environ), mx.optimizer.SGD(momentum=0.9, wd=0.01),
+                         2)
+    third.set_states(dict(saved, optimizer_states=None), [fresh])
+    assert third.rule.previous_rates(fresh, 3) == [None, None]

@@ -260,6 +260,7 @@ def main():
     np.savez(os.path.join(args.out, "rank%d.npz" % kv.rank), local_weight=local_w,
              local_bias=local_b, global_weight=global_w, global_bias=global_b,
              learning_rates=lrs, num_workers=kv.num_workers, type=str(kv.type),
+             predict_estimate=getattr(getattr(kv, "config", None), "predict_estimate", ""),
              global_weight_steps=np.array(steps["weight"]),
              global_bias_steps=np.array(steps["bias"]))
 
