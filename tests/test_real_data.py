@@ -317,3 +317,23 @@ def test_summary_of_synthetic_curves_and_replot(tmp_path, capsys):
             time_to_accuracy.summarize(runs)))["100"]
     assert (tmp_path / "time_to_accuracy.png").exists()
     assert "| 1 |" in capsys.readouterr().out                     # dist_async's diverged run
+
+
+def test_reuse_takes_the_saved_runs_of_the_same_settings(tmp_path):
+    """--reuse: a saved study's runs by (mode, seed, bandwidth), failed runs left out, each
+    marked with the file it came from; a study of other settings is refused, naming them."""
+    from odsgd.bench import time_to_accuracy
+    args = time_to_accuracy.parse_args(["--modes", "dist_sync,dist_odsgd", "--epochs", "10",
+                                        "--optimizer", "nag", "--bandwidth-mbit", "0"])
+    saved = dict(time_to_accuracy.settings_of(args),
+                 runs=[_run("dist_sync", 0, [(10, 0.5), (20, 0.8)]),
+                       dict(_run("dist_odsgd", 0, [(10, 0.5)]), error="Traceback ...")])
+    path = tmp_path / "saved.json"
+    path.write_text(json.dumps(saved))
+    found = time_to_accuracy.reusable_runs([str(path)], args)
+    assert sorted(found) == [("dist_sync", 0, 100)]
+    assert found[("dist_sync", 0, 100)]["final_test_accuracy"] == 0.8
+    assert found[("dist_sync", 0, 100)]["reused_from"].endswith("saved.json")
+    path.write_text(json.dumps(dict(saved, epochs=4)))
+    with pytest.raises(ValueError, match=r"another study's settings: epochs 4 \(here 10\)"):
+        time_to_accuracy.reusable_runs([str(path)], args)

@@ -17,6 +17,10 @@ machine does not fall on one mode's runs only.
 Modes as in `odsgd.bench convergence` (`dist_odsgd` = the store's defaults; `odsgd:NAME=VALUE,
 ...` for other settings).
 
+`--reuse JSON` takes the runs of a saved study (the same data, model, schedule, optimizer and
+cluster: checked) instead of running them again, by mode, seed and bandwidth: e.g. dist_sync's
+runs, whose accuracies do not depend on timing, for a study of other dist_odsgd settings.
+
 Per bandwidth, the target is dist_sync's final mean accuracy; each mode's time to target is
 the training time (evaluations taken out) of its first evaluation at or above it, per seed,
 and of the mean curve over seeds. Writes OUT/time_to_accuracy.json and OUT/time_to_accuracy.png
@@ -77,6 +81,10 @@ def parse_args(argv=None):
     p.add_argument("--out", default="results/time_to_accuracy")
     p.add_argument("--replot", metavar="JSON", help="no jobs: the table, summary and PNG of "
                    "a study's saved time_to_accuracy.json again (beside it)")
+    p.add_argument("--reuse", metavar="JSON", action="append", default=[],
+                   help="a saved time_to_accuracy.json of the same settings: its runs of a "
+                   "planned (mode, seed, bandwidth) are taken as they are, not run again "
+                   "(their samples/s are that study's); may be given several times")
     args = p.parse_args(argv)
     args.modes = convergence.split_modes(args.modes)
     try:
@@ -304,7 +312,37 @@ def plot(runs, summary, path, title):
     return path
 
 
+#: report entries that make two studies' runs comparable (--reuse checks them)
+SAME_SETTINGS = ("dataset", "epochs", "batch_size", "lr", "optimizer", "momentum", "lr_mode",
+                 "lr_decay_epoch", "topology", "train_subset", "test_subset", "workers",
+                 "servers", "eval_interval")
+
+
+def settings_of(args):
+    return {name: getattr(args, name) for name in SAME_SETTINGS}
+
+
+def reusable_runs(paths, args):
+    """{(mode, seed, bandwidth): run} of the saved studies at `paths`; ValueError where a
+    study's settings differ from `args` (entries missing from an older study are not
+    compared)."""
+    mine, found = settings_of(args), {}
+    for path in paths:
+        with open(path) as f:
+            report = json.load(f)
+        differ = ["%s %r (here %r)" % (name, report[name], mine[name]) for name in SAME_SETTINGS
+                  if name in report and report[name] != mine[name]]
+        if differ:
+            raise ValueError("--reuse %s: another study's settings: %s" % (path, ", ".join(differ)))
+        for run in report["runs"]:
+            if "error" not in run:
+                found[(run["mode"], run["seed"], run["bandwidth_mbit"])] = dict(
+                    run, reused_from=os.path.relpath(path, REPO))
+    return found
+
+
 def run_all(args):
+    reusable = reusable_runs(args.reuse, args)
     runs, compute = [], None
     bandwidths = []
     for b in args.bandwidths:
@@ -323,12 +361,14 @@ def run_all(args):
         with job_placement(args.topology, bandwidth, args.workers, args.servers) as place:
             for mode, seed in plan:
                 number += 1
-                record = run_one(args, bandwidth, mode, seed, place)
+                record = reusable.get((mode, seed, bandwidth)) or \
+                    run_one(args, bandwidth, mode, seed, place)
                 runs.append(record)
                 line = ("FAILED: %s" % record["error"].splitlines()[0]) if "error" in record \
-                    else "%.2f%% after %.1f s training, %.0f samples/s" % (
+                    else "%.2f%% after %.1f s training, %.0f samples/s%s" % (
                         100 * record["final_test_accuracy"], record["train_seconds"],
-                        record["samples_per_sec"])
+                        record["samples_per_sec"], " (from %s)" % record["reused_from"]
+                        if "reused_from" in record else "")
                 print("[%d/%d] %s %-12s seed %d: %s" % (
                     number, total, "%5d Mbit/s" % bandwidth if bandwidth else "  unshaped ",
                     mode, seed, line), flush=True)
@@ -398,6 +438,7 @@ def main(argv=None):
               "lr": args.lr, "optimizer": args.optimizer, "momentum": args.momentum,
               "lr_mode": args.lr_mode,
               "lr_decay_epoch": args.lr_decay_epoch, "topology": args.topology,
+              "eval_interval": args.eval_interval, "reused": args.reuse,
               "train_subset": args.train_subset,
               "test_subset": args.test_subset, "workers": args.workers,
               "servers": args.servers, "t_comp": compute, "bandwidths_mbit": bandwidths,
