@@ -13,8 +13,9 @@ COMPENSATION_MODES = ("constant", "adaptive")
 #: what 'predict' puts in place of the sum of the workers' gradients of the round it predicts
 #: (docs/predict.md, "The estimate of the gradient sum"): 'own' N gc, 'previous'
 #: gc + (N-1)/N G_{t-1}, 'shrunk' N gc / (1 + mu). The default, 'own', was the most accurate
-#: against dist_sync, with SGD and NAG, 2 and 8 workers (docs/convergence.md, "The estimate of
-#: the gradient sum"), and the only one whose workers' points average to W_{t+1} exactly.
+#: against dist_sync with SGD and NAG, 2 and 8 workers (NAG with 2: over six seeds, not on
+#: every three; docs/convergence.md, "The estimate of the gradient sum"), and is the only one
+#: whose workers' points average to W_{t+1} exactly.
 PREDICT_ESTIMATES = ("own", "previous", "shrunk")
 
 DEFAULTS = {
