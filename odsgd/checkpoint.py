@@ -22,7 +22,16 @@ number of workers and servers and the same parameters.
 import mxnet as mx
 
 from . import state_files
-from .kvstore import DistODSGD
+
+#: The type of the store these helpers are for (DistODSGD.type). They know the store by it,
+#: not by its class: this module sits below odsgd/kvstore.py and imports nothing of it.
+STORE_TYPE = "dist_odsgd"
+
+
+def is_odsgd_store(kv):
+    """Whether `kv` is a dist_odsgd store (a DistODSGD): an MXNet KVStore (KVStoreBase)
+    whose type is 'dist_odsgd'."""
+    return isinstance(kv, mx.kvstore.KVStoreBase) and getattr(kv, "type", None) == STORE_TYPE
 
 
 def checkpoint_files(prefix, rank):
@@ -33,7 +42,7 @@ def checkpoint_files(prefix, rank):
 def _store(trainer, what):
     if not isinstance(trainer, mx.gluon.Trainer):
         raise TypeError("%s needs a gluon.Trainer, got %r" % (what, type(trainer).__name__))
-    if trainer._kvstore is not None and not isinstance(trainer._kvstore, DistODSGD):
+    if trainer._kvstore is not None and not is_odsgd_store(trainer._kvstore):
         raise ValueError("%s is for a Trainer with kvstore='dist_odsgd'; this one uses %r"
                          % (what, trainer._kvstore.type))
 
@@ -66,10 +75,10 @@ def load_checkpoint(trainer, prefix):
                          "take the global weights from rank 0's parameters when the store is "
                          "created)")
     kv = trainer._kvstore_params.get("kvstore")
-    if isinstance(kv, str) and kv.lower() == "dist_odsgd":
+    if isinstance(kv, str) and kv.lower() == STORE_TYPE:
         kv = mx.kv.create(kv)   # here, as the Trainer would, to read the rank first
         trainer._kvstore_params["kvstore"] = kv
-    if not isinstance(kv, DistODSGD):
+    if not is_odsgd_store(kv):
         raise ValueError("load_checkpoint is for a Trainer with kvstore='dist_odsgd'; this one "
                          "has kvstore=%r" % (kv,))
     params_file, states_file = checkpoint_files(prefix, kv.rank)

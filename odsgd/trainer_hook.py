@@ -10,17 +10,21 @@ exactly as MXNet's own code.
 One override each, installed by `import odsgd` (as Horovod's and BytePS's DistributedTrainer
 override `_allreduce_grads`), so `gluon.Trainer(..., kvstore='dist_odsgd')` and
 `Module.fit(kvstore='dist_odsgd')` get it without a change to the user's code.
+
+This module imports nothing of odsgd: the package's __init__ imports it to install the
+overrides, and it knows a dist_odsgd store by its type, not by the class in odsgd/kvstore.py.
 """
 import mxnet as mx
+from mxnet.kvstore import KVStoreBase
 from mxnet.module import module as _module
 
 _TRAINER_ALLREDUCE = mx.gluon.Trainer._allreduce_grads
 _MODULE_UPDATE_ON_KVSTORE = _module._update_params_on_kvstore
+STORE_TYPE = "dist_odsgd"   # DistODSGD.type
 
 
 def _is_odsgd(kvstore):
-    from .kvstore import DistODSGD
-    return isinstance(kvstore, DistODSGD)
+    return isinstance(kvstore, KVStoreBase) and kvstore.type == STORE_TYPE
 
 
 def allreduce_grads_in_one_call(trainer):

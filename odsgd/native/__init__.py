@@ -22,8 +22,9 @@ warning and returns False, and odsgd.local_update uses its NDArray fallback; a l
 for another MXNet version raises ImportError naming the rebuild command.
 
 Modules: library (paths, versions, build record), loader (load and the loaded state), build
-(compiler driver, `python -m odsgd.native`), ops (call wrappers), layout (MKL-DNN layouts),
-gpu_check (`check-gpu`: the CUDA kernels against a NumPy reference, and their bandwidth).
+(compiler driver), gpu_check (`check-gpu`: the CUDA kernels against a NumPy reference, and
+their bandwidth; it builds its driver with build), cli (`python -m odsgd.native`, over build
+and gpu_check), ops (call wrappers), layout (MKL-DNN layouts).
 
 Environment: ``ODSGD_NATIVE_LIB`` loads the library from another path (its build_info.json
 must sit beside it); ``ODSGD_NATIVE_CXXFLAGS`` adds compiler flags to a build (e.g.
@@ -34,7 +35,8 @@ adds nvcc flags; ``CXX`` picks the C++ compiler (default g++).
 Nothing here imports mxnet at module level: on parameter servers ``import mxnet`` does not
 return (the server loop starts inside it), and this package must stay importable there.
 """
-from .build import NativeBuildError, build, check_cuda, main  # noqa: F401
+from .build import NativeBuildError, build, check_cuda  # noqa: F401
+from .cli import main  # noqa: F401
 from .library import library_path, release  # noqa: F401
 from .loader import build_info, is_loaded, load, loaded_path, supports  # noqa: F401
 from .ops import (accepts, gather_, local_update_, multi_update_, predict_update_,  # noqa: F401

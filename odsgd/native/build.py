@@ -2,7 +2,9 @@
 
     python -m odsgd.native build [--cuda auto|on|off] [--quiet]
     python -m odsgd.native check-cuda [--nvcc PATH] [--mxnet-include DIR]
-    python -m odsgd.native check-gpu [--nvcc PATH] [--repeats N]     (see gpu_check.py)
+
+(the command line is cli.py's; `check-gpu` is gpu_check.py's, which builds its driver with
+build_gpu_check_driver here: gpu_check imports this module, never the other way round).
 
 `build` writes odsgd/lib/libodsgd_ext.so and its build record (build_info.json);
 `check-cuda` compiles the CUDA kernels and links a CUDA library, and the check-gpu driver
@@ -10,7 +12,6 @@ with them, in a scratch folder without installing anything, so that a machine wi
 (CI) still checks that the CUDA source compiles. mxnet is imported inside the functions only
 (see the package docstring).
 """
-import argparse
 import datetime
 import json
 import os
@@ -401,44 +402,3 @@ def _check_cu112_interface(include_dir):
                                    "pass --mxnet-include with the include folder of the CUDA "
                                    "wheel you target" % (path, digest))
 
-
-def main(argv=None):
-    """`python -m odsgd.native build|check-cuda|check-gpu ...`; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m odsgd.native",
-                                     description="Build the fused OD-SGD operators "
-                                                 "(kvstore_ext/) against the installed MXNet.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    build_parser = commands.add_parser("build", help="compile odsgd/lib/libodsgd_ext.so")
-    build_parser.add_argument("--cuda", choices=("auto", "on", "off"), default="auto",
-                              help="compile the CUDA kernels: auto (when nvcc is on PATH and "
-                                   "MXNet is a CUDA build), on, off (default: auto)")
-    build_parser.add_argument("--quiet", action="store_true", help="print errors only")
-    check_parser = commands.add_parser("check-cuda", help="compile and link the CUDA kernels "
-                                       "in a scratch folder (no GPU needed, installs nothing)")
-    check_parser.add_argument("--nvcc", help="nvcc to use (default: nvcc on PATH)")
-    check_parser.add_argument("--mxnet-include", metavar="DIR",
-                              help="MXNet include folder to build against (default: the "
-                                   "installed MXNet's)")
-    check_parser.add_argument("--quiet", action="store_true", help="print errors only")
-    gpu_parser = commands.add_parser("check-gpu", help="run the CUDA kernels on this machine's "
-                                     "GPU against a NumPy reference and time them (no MXNet "
-                                     "needed); one line and exit 0 without a GPU or nvcc")
-    gpu_parser.add_argument("--nvcc", help="nvcc to use (default: .venv/cuda's, else nvcc on "
-                                           "PATH, else /usr/local/cuda/bin/nvcc)")
-    gpu_parser.add_argument("--repeats", type=int, default=20,
-                            help="timed calls per kernel (default 20)")
-    gpu_parser.add_argument("--quiet", action="store_true",
-                            help="no compiler commands, only the results")
-    args = parser.parse_args(argv)
-    if args.command == "check-gpu":
-        from .gpu_check import check_gpu
-        return check_gpu(nvcc=args.nvcc, repeats=args.repeats, verbose=not args.quiet)
-    try:
-        if args.command == "build":
-            build(cuda=args.cuda, verbose=not args.quiet)
-        else:
-            check_cuda(nvcc=args.nvcc, include_dir=args.mxnet_include, verbose=not args.quiet)
-    except NativeBuildError as err:
-        print("odsgd.native: %s failed: %s" % (args.command, err), file=sys.stderr)
-        return 1
-    return 0
