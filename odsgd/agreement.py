@@ -57,8 +57,10 @@ def describe_shape_signature(signature):
     return "%s %s" % (tuple(int(d) for d in signature[2:2 + min(ndim, 8)]), dtype)
 
 
-def _zeros(buffer):
-    buffer[:] = 0
+def _zeros(group):
+    """A probe round's data: zeros in every part's send array."""
+    for part in group.parts:
+        part.send[:] = 0
 
 
 class StepCountError(ValueError):
@@ -149,7 +151,7 @@ class WorkerAgreement(object):
         if groups:
             self._probe += 1
             servers.send_command(self.raw, servers.probe_command(
-                self._probe, [g.round_of(g.global_step)[0] for g in groups]))
+                self._probe, [part.key for g in groups for part in g.parts]))
         self._send[:] = 0
         self._send[rank] = mx.nd.array([1, kind, steps, value], dtype="float64")
         self.raw.push(CONTROL_KEY, self._send)
@@ -157,9 +159,8 @@ class WorkerAgreement(object):
         scratches = []
         exchange = self.store.exchange
         for group in groups:
-            exchange.push(group, group.global_step, _zeros, counted=False)
             scratch = group.scratch_buffer()
-            exchange.pull(group, scratch, step=group.global_step)
+            exchange.round(group, group.global_step, _zeros, scratch, counted=False)
             scratches.append(scratch)
 
         done = {"control": threading.Event(), "probe": threading.Event()}

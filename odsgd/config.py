@@ -85,7 +85,8 @@ class ODSGDConfig(object):
     the environment only), adaptive_beta, adaptive_eps (floats),
     clip_gradient, lr_scheduler, extra_params (the local optimizer's own arguments);
     local_rule_kind (the class of local rule the name selects, odsgd/local_update.py) and
-    built_local_optimizer; fusion_elements and metrics_interval (the store's machinery).
+    built_local_optimizer; fusion_elements, part_elements and metrics_interval (the store's
+    machinery).
     """
 
     def __init__(self, local_optimizer=None, local_optimizer_params=None, compensation=None,
@@ -138,6 +139,7 @@ class ODSGDConfig(object):
         self._validate()
         #: most elements of a fused key group, and steps between overlap measurements
         self.fusion_elements = fusion_elements(environ)
+        self.part_elements = part_elements(environ)
         self.metrics_interval = metrics_interval(environ)
 
     def where(self, name):
@@ -237,6 +239,23 @@ def fusion_elements(environ=None):
     limit = bigarray_bound(environ) - 1
     value = _count(environ, "ODSGD_FUSION_ELEMENTS", min(DEFAULT_FUSION_ELEMENTS, limit),
                    "most elements of a fused key; 0 turns fusion off")
+    return min(value, limit)
+
+
+#: Default of ODSGD_PART_ELEMENTS (1 MiB of float32): a big array travels as several requests,
+#: so that one part's weights come back while another part's gradients go out, and a step's
+#: requests spread over the servers (docs/design.md, "The exchange").
+DEFAULT_PART_ELEMENTS = 262144
+
+
+def part_elements(environ=None):
+    """Most elements of one server key (ODSGD_PART_ELEMENTS; 0: one key per group; default
+    DEFAULT_PART_ELEMENTS). Always below MXNet's big-array bound, so that MXNet never slices a
+    part over the servers (the parts spread over them instead)."""
+    environ = os.environ if environ is None else environ
+    limit = bigarray_bound(environ) - 1
+    value = _count(environ, "ODSGD_PART_ELEMENTS", min(DEFAULT_PART_ELEMENTS, limit),
+                   "most elements of one server key; 0 gives each key group one key")
     return min(value, limit)
 
 

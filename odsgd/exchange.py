@@ -1,6 +1,6 @@
-"""`RoundExchange`: the pushes and pulls of the store's key groups over MXNet's dist store,
-each push sent as soon as its own key allows, so that a step's pushes travel on the link while
-the global weights of earlier rounds come back the other way.
+"""`RoundExchange`: the rounds of the store's key groups over MXNet's dist store, each part of a
+group one push-with-pull request, sent as soon as its own key allows, so that the link carries
+a step's gradients in one direction while global weights come back in the other.
 
 Four facts of MXNet 1.9.1's dist store (`src/kvstore/kvstore_dist*.h`) shape it:
 
@@ -8,61 +8,53 @@ Four facts of MXNet 1.9.1's dist store (`src/kvstore/kvstore_dist*.h`) shape it:
   that arrives before another worker's push of round t of that key joins round t. So a push
   of round t+1 may leave only after round t *of its own key* is applied on the servers. Other
   keys do not matter: the servers merge each key on its own.
-* The server answers a push only after its round is applied. In the engine a push is an
-  operation that reads the pushed array until that answer: an operation that writes the array
-  runs exactly when the round is applied, one transfer before the pulled weights could arrive.
-* On a CPU context the store sends the pushed array itself and pulls into it (its
-  `comm_buf_`), then copies the pull into `out`. A group that pushed from one buffer could
-  write the next step's gradient only after the pull.
+* A push-with-pull request (`kv.pushpull`, `PushPullDefault`) is answered once its round is
+  applied, with the weights that round produced. So its answer is always its own round's
+  W_{t+1}, however late it travels, and a key needs no second key to keep rounds apart.
+* On a CPU context the store sends the pushed array itself, writes the answer into it and
+  then copies it into `out` (`comm_buf_ = merged`). Writing the next round's gradients into
+  that array (the part's `send`) therefore waits in MXNet's engine for this round's answer:
+  that is the per-key order of the first fact, kept by the engine, not by Python. Each part
+  has an array of its own, so the parts of a group travel independently.
 * A server applies a key's round when its pushes are in, whatever the other keys are doing,
   so the rounds of different keys may be applied out of step order. The servers' optimizer
   reads its schedule at an update count; `sync_round_steps` tells the servers the global step
-  of each group's next round, and they set the count of each round to what dist_sync has in
+  of each key's next round, and they set the count of each round to what dist_sync has in
   that round (server_updater.py), so the rates do not depend on that order.
 
-So every group pushes from two buffers, one for each of its two server keys (`KeyGroup.sends`;
-the keys alternate by step, key_groups.py). After each push the exchange queues a *fence*: a
-write of the first element of the pushed buffer (it waits for the answer) and a copy of it into
-the group's token, both queued before the pull, so that the pull, which writes the same buffer,
-waits for the fence and not the other way round. The group's next push first copies its token
-into the other buffer, which orders that push after the group's previous round and nothing
-else: the pull of W_{t+1}, the local update from W_t and the pushes of other groups stay free to
-run while it is on the link. A worker that is ahead waits in the engine, not in Python.
+The answer lands in a buffer that the step's local update does not read (`KeyGroup.following`,
+three buffers in rotation), so a group's request is queued before its local update and leaves
+as soon as the gradient is gathered.
 """
 import mxnet as mx
 
 from . import native
 from . import server_updater as servers
+from .key_plan import pull_parts
 from .local_update import fused_ops_take
 
 
 class RoundExchange(object):
-    """Pushes and pulls of key groups (odsgd/key_groups.py) in rounds, on `raw`, MXNet's
-    dist_sync store."""
+    """Rounds of key groups (odsgd/key_groups.py) on `raw`, MXNet's dist_sync store."""
 
     def __init__(self, raw):
         self.raw = raw
 
-    def push(self, group, step, fill, counted=True, priority=0):
-        """Pushes round `step` (a global step) of `group`: `fill(buffer)` writes the data into
-        the send buffer of the round's server key, ordered after the group's previous round;
-        then the push and its fence. `counted`: a round the servers apply (not a probe)."""
-        key, buffer = group.round_of(step)
-        head = group.head(buffer)
-        group.token.copyto(head)        # waits for the fence of the group's previous push
-        fill(buffer)
-        self.raw.push(key, buffer, priority=priority)
-        head += 0                       # a write: runs when the server answered the push
-        head.copyto(group.token)
+    def round(self, group, step, fill, out, counted=True, priority=0):
+        """Round `step` (a global step) of `group`: `fill(group)` writes the data into the
+        send arrays of its parts, then one push-with-pull request per part brings the weights
+        of that round into `out`, a flat buffer of the group. `counted`: a round the servers
+        apply (not a probe)."""
+        fill(group)
+        for part in group.parts:
+            self.raw.pushpull(part.key, part.send, out=part.of(out), priority=priority)
         if counted:
             group.server_step = step + 1
 
-    def pull(self, group, out, step=None, priority=0):
-        """The global weights of `group` after the round of global step `step` (default: the
-        newest) into `out`, a flat buffer of the group. MXNet pulls into the buffer last
-        pushed to that key and copies."""
-        key = group.newest_key() if step is None else group.round_of(step)[0]
-        self.raw.pull(key, out=out, priority=priority)
+    def pull(self, group, out, priority=0):
+        """The newest global weights of `group` into `out`, a flat buffer of the group (queued
+        after every round this worker sent)."""
+        pull_parts(self.raw, group, out, priority)
 
     def sync_round_steps(self, groups):
         """Tells the servers the global step of the next round of each of `groups` where they
@@ -72,30 +64,43 @@ class RoundExchange(object):
         if not stale:
             return
         if any(g.server_step is not None for g in stale):
-            # Rounds already pushed keep the steps they were pushed with: let them reach the
+            # Rounds already sent keep the steps they were sent with: let them reach the
             # servers first (rare: a layer unfrozen, a checkpoint loaded).
             mx.nd.waitall()
         servers.send_command(self.raw, servers.round_steps_command(
-            {g.server_key: g.global_step for g in stale}))
+            {part.key: g.global_step for g in stale for part in g.parts}))
         for group in stale:
             group.server_step = group.global_step
 
     # -- one group's round ---------------------------------------------------------------------
-    def push_gradients(self, group, gradients):
-        """Pushes `gradients` (one raw array per parameter) as the group's next round."""
-        self.push(group, group.global_step, lambda buffer: gather(gradients, group, buffer))
-
-    def pull_next(self, group):
-        """W_{t+1} (after the group's round of this step) into its older buffer, which becomes
-        its newest."""
-        self.pull(group, group.previous, step=group.global_step)
-        group.swap()
+    def gradient_round(self, group, gradients, out):
+        """The group's next round with `gradients` (one raw array per parameter); its weights
+        into `out`."""
+        self.round(group, group.global_step, lambda g: fill_parts(g, gradients), out)
 
     def synchronous_round(self, group, gradients):
-        """Warm-up steps and plain pushes: push, then pull W_{t+1} into the group's
-        buffers."""
-        self.push_gradients(group, gradients)
-        self.pull_next(group)
+        """Warm-up steps and plain pushes: the round's W_{t+1} becomes the group's newest."""
+        self.gradient_round(group, gradients, group.previous)
+        group.swap()
+
+
+def fill_parts(group, gradients):
+    """The parts' send arrays = their parts of the gradients laid end to end (the group's
+    packing): gathered straight into the send array where the group has one part, else taken
+    from the gradient itself (one parameter) or the group's flat buffer of them, part by
+    part."""
+    if len(group.parts) == 1:
+        gather(gradients, group, group.parts[0].send)
+        return
+    if len(gradients) == 1:
+        flat = gradients[0].reshape((-1,))
+    elif group.summed is not None and gradients[0] is group.views(group.summed)[0]:
+        flat = group.summed             # summed over devices there already
+    else:
+        flat = group.summed_buffer()
+        gather(gradients, group, flat)
+    for part in group.parts:
+        part.of(flat).copyto(part.send)
 
 
 def summed_gradients(group, grads):

@@ -13,14 +13,12 @@ global optimizer (Gluon's index; for Module the position of the name among the p
 which is how Module's optimizer knows names, lr_mult and wd_mult), and MXNet's rule that one
 store never mixes int and string keys holds whatever keys the user has.
 
-Each group has two server keys on the same server, and the rounds of even and odd global
-steps alternate between them (`round_of`). A pull from MXNet's servers returns whatever the
-key holds when the request arrives; with one key, a pull of W_{t+1} that left late (the
-pushes of step t+1 go out without waiting for it, odsgd/exchange.py) could be answered with
-W_{t+2}. With two, round t+1 writes the other key, and this key is written again only by
-round t+2, which needs this worker's push of step t+2, which needs w_{t+2}, which needs the
-pull: so the pull of round t always returns W_{t+1}. The servers start each round from the
-newer of the two (server_updater.py), so the global update is dist_sync's.
+A group's flat buffers are cut into *parts* of at most `ODSGD_PART_ELEMENTS` elements
+(config.py), each a server key of its own; MXNet places consecutive keys on different servers,
+so the parts of a big array spread over the servers. Each round of a part is one
+push-with-pull request (`kv.pushpull` on MXNet's store; odsgd/exchange.py): the servers answer
+it with the weights that round produced, so a part needs no second key and no fence, and the
+link carries one part's gradients in while another part's weights come back.
 
 Which keys share a group is planned in odsgd/key_plan.py.
 """
@@ -35,27 +33,55 @@ GROUP_KEY_BASE = 50000
 KEY_LIMIT = (2 ** 31 - 1) // 9973
 
 
-def server_key_pair(number, num_servers):
-    """The two server keys of the `number`-th group (0, 1, ...), on the same server: MXNet
-    puts key k on server (k * 9973) % S, so keys S * stride apart share it. ValueError when
-    the store's key range is used up."""
-    stride = (KEY_LIMIT - GROUP_KEY_BASE) // (2 * num_servers)
-    if number >= num_servers * stride:
-        raise ValueError("dist_odsgd ran out of server keys (%d parameter groups and "
-                         "re-packings); MXNet's servers take keys below %d"
-                         % (number, KEY_LIMIT))
-    first = GROUP_KEY_BASE + number
-    return first, first + num_servers * stride
+def server_keys(first_number, count):
+    """`count` server keys from the `first_number`-th (0, 1, ...): consecutive keys, which MXNet
+    puts on the servers in turn. ValueError when the store's key range is used up."""
+    last = GROUP_KEY_BASE + first_number + count - 1
+    if last >= KEY_LIMIT:
+        raise ValueError("dist_odsgd ran out of server keys (%d parts of parameter groups and "
+                         "re-packings); MXNet's servers take keys below %d; raise "
+                         "ODSGD_PART_ELEMENTS" % (first_number + count, KEY_LIMIT))
+    return list(range(GROUP_KEY_BASE + first_number, last + 1))
+
+
+def part_bounds(total, part_elements):
+    """[(offset, size)] of the parts of a flat buffer of `total` elements: one part when
+    `part_elements` is 0 or at least `total`, else as few parts of at most `part_elements` as
+    can be, of equal sizes (to within one element), so that no part lags behind the others."""
+    if part_elements <= 0 or total <= part_elements:
+        return [(0, total)]
+    count = -(-total // part_elements)
+    base, extra = divmod(total, count)
+    sizes = [base + 1] * extra + [base] * (count - extra)
+    offsets = [sum(sizes[:i]) for i in range(count)]
+    return list(zip(offsets, sizes))
+
+
+class Part(object):
+    """One server key of a group: elements [offset, offset + size) of its flat buffers, and
+    `send`, the array its rounds push from. MXNet's CPU store sends from the pushed array and
+    writes the answer into it before copying it out; an array of its own (not a slice of a
+    group buffer, which would share one engine variable with the other parts) lets each part's
+    request run on its own. On a GPU MXNet copies through a pinned buffer of its own per key."""
+
+    def __init__(self, key, offset, size, context, dtype):
+        self.key = key
+        self.offset, self.size = offset, size
+        send_context = context if context.device_type == "cpu" else mx.cpu_pinned(0)
+        self.send = mx.nd.zeros((size,), send_context, dtype=dtype)
+
+    def of(self, flat):
+        """This part of a group's flat buffer (a view)."""
+        return flat[self.offset:self.offset + self.size]
 
 
 class KeyGroup(object):
-    """One server key and the parameters it carries.
+    """The parameters one set of server keys carries, and the worker's buffers for them.
 
     Attributes
     ----------
-    server_keys : (int, int)
-        The two keys MXNet's servers know it by (the store's own, on the same server): the
-        rounds of even global steps go to the first, odd ones to the second (see below).
+    parts : list of Part
+        The group's server keys (the store's own), each with its range of the flat buffers.
     server_key : int
         The first of them, which names the group.
     keys : list
@@ -64,24 +90,18 @@ class KeyGroup(object):
         Each parameter's index for the global optimizer (the id the servers would give its
         key on its own), which selects its lr_mult / wd_mult and its optimizer states.
     shapes, sizes, offsets : per parameter; offsets into the flat buffers.
-    sends : the buffers the group pushes from, one per server key (MXNet's CPU store sends
-        from the pushed array and pulls into it); on the CPU, where MXNet sends from.
-    token : one element written when the group's last push was answered (exchange.py).
     server_step : the global step the servers will give the group's next round (None: not
         told yet; exchange.py, `sync_round_steps`).
-    current, previous : W_t and W_{t-1}, the last two global weights; swapped each step.
+    current, previous : W_t and W_{t-1}, the last two global weights; `following` receives
+        W_{t+1} while the step's local update reads the other two (`rotate`).
     mom, var : the worker's local states (allocated by LocalUpdater), or None.
     first_step : the global step at which the group was made; `first_step + step` is the
         global step of its next push.
     step : pushes made through this group.
     """
 
-    def __init__(self, server_keys, keys, indices, templates, first_step=0):
+    def __init__(self, server_keys, keys, indices, templates, first_step=0, part_elements=0):
         first = templates[0]
-        # one int: a group that never meets the servers (LocalUpdater.update, tests)
-        self.server_keys = tuple(server_keys) if isinstance(server_keys, (tuple, list)) \
-            else (server_keys, server_keys)
-        self.server_key = self.server_keys[0]
         self.keys = list(keys)
         self.indices = list(indices)
         self.fused = len(self.keys) > 1
@@ -90,18 +110,22 @@ class KeyGroup(object):
         self.offsets = list(np.cumsum([0] + self.sizes[:-1]).astype(int))
         self.total = int(sum(self.sizes))
         self.context, self.dtype = first.context, first.dtype
+        # one int: a group that never meets the servers (LocalUpdater.update, tests)
+        keys_given = list(server_keys) if isinstance(server_keys, (tuple, list)) \
+            else [server_keys]
+        bounds = part_bounds(self.total, part_elements)
+        if len(keys_given) == 1 and len(bounds) > 1:
+            bounds = [(0, self.total)]
+        if len(keys_given) != len(bounds):
+            raise ValueError("%d server keys for %d parts" % (len(keys_given), len(bounds)))
+        self.parts = [Part(key, offset, size, self.context, self.dtype)
+                      for key, (offset, size) in zip(keys_given, bounds)]
+        self.server_key = self.parts[0].key
 
         def zeros():
             return mx.nd.zeros((self.total,), self.context, dtype=self.dtype)
         self.current, self.previous = zeros(), zeros()
-        # MXNet sends from and pulls into the pushed array itself only on the CPU (on a GPU
-        # it copies through one buffer of its own per key, which would order each push after
-        # the previous pull again).
-        send_context = self.context if self.context.device_type == "cpu" else mx.cpu_pinned(0)
-        self.sends = [mx.nd.zeros((self.total,), send_context, dtype=self.dtype)
-                      for _ in range(2)]
-        self.token = mx.nd.zeros((1,), send_context, dtype=self.dtype)
-        self._heads = {}
+        self.following = None        # made by the first OD round (`following_buffer`)
         self.summed = None           # the gradients summed over devices (several devices)
         self.mom = self.var = None
         self.scratch = None          # receives user pulls and probe rounds
@@ -134,38 +158,44 @@ class KeyGroup(object):
             self._views[id(flat)] = views
         return views[1]
 
-    def round_of(self, step):
-        """(server key, send buffer) of the round of global step `step`."""
-        return self.server_keys[step % 2], self.sends[step % 2]
-
-    def newest_key(self):
-        """The server key that holds the newest global weights (both hold W_0 at first)."""
-        return self.server_keys[(self.global_step - 1) % 2] if self.step else self.server_key
-
-    def head(self, buffer):
-        """The first element of a send buffer, a view (cached): writing it makes an engine
-        operation that orders against the push and the pull of that buffer."""
-        head = self._heads.get(id(buffer))
-        if head is None:
-            head = self._heads[id(buffer)] = buffer[0:1]
-        return head
-
     def summed_buffer(self):
         if self.summed is None:
             self.summed = mx.nd.zeros((self.total,), self.context, dtype=self.dtype)
         return self.summed
 
+    def following_buffer(self):
+        """The buffer that receives W_{t+1}: neither W_t nor W_{t-1}, which the step's local
+        update reads, so the round's request can be queued before that update."""
+        if self.following is None:
+            self.following = mx.nd.zeros((self.total,), self.context, dtype=self.dtype)
+        return self.following
+
     def swap(self):
-        """After a pull into `previous`: it holds W_{t+1} and becomes `current`."""
+        """After a round into `previous`: it holds W_{t+1} and becomes `current`."""
         self.previous, self.current = self.current, self.previous
+
+    def rotate(self):
+        """After a round into `following`: W_{t+1} becomes `current`, W_t `previous`, and the
+        buffer of W_{t-1} receives the next round."""
+        self.previous, self.current, self.following = \
+            self.current, self.following, self.previous
 
     def scratch_buffer(self):
         if self.scratch is None:
             self.scratch = mx.nd.zeros((self.total,), self.context, dtype=self.dtype)
         return self.scratch
 
-    def packing(self):
-        """Where each parameter lies in the flat buffers, [(optimizer index, offset, size)], as
-        the servers need it (server_updater.py)."""
-        return [(int(i), int(o), int(n)) for i, o, n in zip(self.indices, self.offsets,
-                                                           self.sizes)]
+    def packing(self, part):
+        """Where each parameter lies in `part`, [(optimizer index, offset in the part, size,
+        offset in the parameter or -1 when the part holds all of it)], as the servers need it
+        (server_updater.py)."""
+        entries = []
+        end = part.offset + part.size
+        for index, offset, size in zip(self.indices, self.offsets, self.sizes):
+            begin, stop = max(offset, part.offset), min(offset + size, end)
+            if begin >= stop:
+                continue
+            whole = begin == offset and stop == offset + size
+            entries.append((int(index), int(begin - part.offset), int(stop - begin),
+                            -1 if whole else int(begin - offset)))
+        return entries

@@ -26,8 +26,7 @@ import zlib
 import mxnet as mx
 
 from . import rates
-from .environment import num_servers
-from .key_groups import KeyGroup, server_key_pair
+from .key_groups import KeyGroup, part_bounds, server_keys
 
 LOG = logging.getLogger("odsgd")
 
@@ -68,10 +67,34 @@ def plan_signature(groups, sizes):
     return float(zlib.crc32(text.encode("ascii")) & 0xFFFFFF)
 
 
+#: MXNet optimizers whose update reads norms of whole arrays (layer-wise trust ratios): a part
+#: of an array would get its own norm.
+WHOLE_ARRAY_OPTIMIZERS = ("lamb", "lars", "lans")
+
+
+def check_whole_arrays(optimizer, groups):
+    """ValueError naming the fix when `optimizer` needs whole arrays and one of `groups` is cut
+    into parts (ODSGD_PART_ELEMENTS)."""
+    name = type(optimizer).__name__.lower()
+    split = [g for g in groups if len(g.parts) > 1]
+    if name in WHOLE_ARRAY_OPTIMIZERS and split:
+        raise ValueError(
+            "the global optimizer %s reads the norm of each whole array, but dist_odsgd cuts "
+            "arrays of more than ODSGD_PART_ELEMENTS elements into parts (key %r has %d "
+            "elements in %d parts); set ODSGD_PART_ELEMENTS=0 for this optimizer"
+            % (type(optimizer).__name__, split[0].keys[0], split[0].total, len(split[0].parts)))
+
+
 def init_server_keys(raw, group, value):
-    """Initialises both server keys of `group` with `value` (rank 0's is kept): one
-    collective init."""
-    raw.init(list(group.server_keys), [value, value])
+    """Initialises the server keys of `group`'s parts with their parts of `value`, a flat
+    array (rank 0's is kept): one collective init."""
+    raw.init([part.key for part in group.parts], [part.of(value) for part in group.parts])
+
+
+def pull_parts(raw, group, out, priority=0):
+    """The weights the servers hold for `group` into `out`, a flat buffer of the group."""
+    for part in group.parts:
+        raw.pull(part.key, out=part.of(out), priority=priority)
 
 
 class StepPlan(object):
@@ -102,17 +125,21 @@ class KeyPlanner(object):
     agreement : odsgd.agreement.WorkerAgreement (the same fusion plan on every worker)
     fusion_elements : int
         Most elements of a fused group; 0 turns fusion off.
+    part_elements : int
+        Most elements of a server key; a group's buffers are cut into parts of at most that
+        many (key_groups.py); 0: one key per group.
     """
 
-    def __init__(self, raw, agreement, fusion_elements):
+    def __init__(self, raw, agreement, fusion_elements, part_elements=0):
         self.raw = raw
         self.agreement = agreement
         self.fusion_elements = fusion_elements
+        self.part_elements = part_elements
         self.groups = {}           # user key -> the KeyGroup that holds it now
         self._index = {}           # user key -> its index for the global optimizer
         self._string_keys = 0      # MXNet numbers string keys 0, 1, ... as first initialised
         self._plans = {}           # tuple of keys -> StepPlan
-        self._groups_made = 0      # numbers the groups' server key pairs
+        self._keys_made = 0        # server keys handed out so far
         self._unregistered = []    # groups whose packing the servers do not know yet
 
     # -- keys ----------------------------------------------------------------------------------
@@ -138,8 +165,7 @@ class KeyPlanner(object):
     def add_key(self, key, index, value, global_step):
         """A key group of its own for the new `key` (index from index_of_new), with a new
         server key, joining at `global_step`."""
-        group = KeyGroup(self._allocate_server_keys(), [key], [index], [value],
-                         first_step=global_step)
+        group = self._new_group([key], [index], [value], global_step)
         if isinstance(key, str):
             self._string_keys += 1
         self._index[key] = index
@@ -147,10 +173,19 @@ class KeyPlanner(object):
         self._unregistered.append(group)
         return group
 
-    def _allocate_server_keys(self):
-        keys = server_key_pair(self._groups_made, max(1, num_servers()))
-        self._groups_made += 1
-        return keys
+    def _new_group(self, keys, indices, templates, global_step):
+        """A KeyGroup with new server keys, one per part."""
+        total = sum(int(t.size) for t in templates)
+        count = len(part_bounds(total, self.part_elements))
+        numbers = server_keys(self._keys_made, count)
+        self._keys_made += count
+        return KeyGroup(numbers, keys, indices, templates, first_step=global_step,
+                        part_elements=self.part_elements)
+
+    def split_groups(self):
+        """The groups cut into more than one part (for the optimizers that need whole
+        arrays)."""
+        return [g for g in self.holding_groups() if len(g.parts) > 1]
 
     def group_of(self, key):
         group = self.groups.get(key)
@@ -168,15 +203,12 @@ class KeyPlanner(object):
         return [g for g in self.holding_groups() if g.step > 0 and not g.retired]
 
     def new_packings(self):
-        """{server key: packing} of the groups the servers do not know yet (then known), and
-        {server key: its twin} (key_groups.py)."""
-        packings, twins = {}, {}
-        for group in self._unregistered:
-            first, second = group.server_keys
-            packings[first] = packings[second] = group.packing()
-            twins[first], twins[second] = second, first
+        """{server key: packing} of the parts of the groups the servers do not know yet (then
+        known)."""
+        packings = {part.key: group.packing(part) for group in self._unregistered
+                    for part in group.parts}
         self._unregistered = []
-        return packings, twins
+        return packings
 
     def forget_plans(self):
         """Plans read the optimizer's multipliers: made again after set_optimizer."""
@@ -257,9 +289,8 @@ class KeyPlanner(object):
     def _make_fused_group(self, member_keys, sources, templates, local, global_step):
         """One new group of `member_keys`, which carries over their W_t, W_{t-1} and local
         states from `sources` (their groups so far, retired now)."""
-        group = KeyGroup(self._allocate_server_keys(), member_keys,
-                         [self._index[k] for k in member_keys], templates,
-                         first_step=global_step)
+        group = self._new_group(member_keys, [self._index[k] for k in member_keys], templates,
+                                global_step)
         local.prepare(group)
         for buffer in ("current", "previous", "mom", "var"):
             if getattr(group, buffer) is None:

@@ -8,16 +8,17 @@ For each key group (odsgd/key_groups.py: small parameters share one server key) 
 
 1. warm-up (t < warmup_steps): pushes the gradients, pulls W_{t+1} and copies it into the
    weights, as `dist_sync`;
-2. OD phase: pushes the gradients, computes w_{t+1} of every parameter of the group in one
-   operator from W_t, pulled during the previous step, and the gradients (`LocalUpdater`),
-   and pulls W_{t+1} into a buffer of its own.
+2. OD phase: sends the gradients in a round whose answer, W_{t+1}, lands in a buffer of its
+   own, and computes w_{t+1} of every parameter of the group in one operator from W_t, the
+   answer of the previous step's round, and the gradients (`LocalUpdater`).
 
-The pushes and pulls go through odsgd/exchange.py: a group's push of step t leaves as soon as
-the gradient is there and the servers applied the group's own round of step t-1, without
-waiting for the pull of W_t or for other groups, so the link carries step t's pushes and
-earlier global weights at the same time. The pull never lands in a gradient or a parameter array, so in MXNet's engine step t+1's
-forward and backward depend on step t-1's pull only (through w_{t+1}), never on step t's push
-or pull: that communication overlaps step t+1's computation.
+Each round goes through odsgd/exchange.py: one push-with-pull request per part of the group,
+which leaves as soon as the gradient is there and the servers applied the part's own round of
+step t-1, without waiting for other parts or groups, and is answered with W_{t+1}; so the link
+carries gradients in and global weights out at the same time. The answer never lands in a
+gradient or a parameter array, so in MXNet's engine step t+1's forward and backward depend on
+step t-1's round only (through w_{t+1}), never on step t's: that communication overlaps step
+t+1's computation.
 """
 import copy
 import logging
@@ -31,7 +32,7 @@ from .agreement import WorkerAgreement
 from .config import ODSGDConfig
 from .environment import check_environment, exit_on_uncaught_exception
 from .exchange import RoundExchange, scatter, summed_gradients
-from .key_plan import KeyPlanner, check_dense, init_server_keys
+from .key_plan import KeyPlanner, check_dense, check_whole_arrays, init_server_keys, pull_parts
 from .local_update import LocalUpdater
 from .overlap import OverlapMeter
 
@@ -100,7 +101,8 @@ class DistODSGD(KVStoreBase):
         self._server_lr = None
         self.agreement = WorkerAgreement(self)
         #: the user's keys and their key groups (odsgd/key_plan.py)
-        self.planner = KeyPlanner(self.raw, self.agreement, self.config.fusion_elements)
+        self.planner = KeyPlanner(self.raw, self.agreement, self.config.fusion_elements,
+                                  self.config.part_elements)
 
     # -- KVStoreBase properties ------------------------------------------------------------
     @property
@@ -146,8 +148,10 @@ class DistODSGD(KVStoreBase):
         index = self.planner.index_of_new(key)
         self.agreement.check_same_shape(key, value)
         group = self.planner.add_key(key, index, value, self.global_step)
+        if self.global_optimizer is not None:
+            check_whole_arrays(self.global_optimizer, [group])
         init_server_keys(self.raw, group, value.reshape((-1,)))
-        self.raw.pull(group.server_key, out=group.current)
+        pull_parts(self.raw, group, group.current)
         group.current.copyto(group.previous)
         # Gluon's Trainer broadcasts in its first step, after backward: MXNet's engine does not
         # order this pull before the gradient push that follows (other arrays), and a late
@@ -157,9 +161,9 @@ class DistODSGD(KVStoreBase):
 
     def _register_packings(self):
         """Tells the servers the packings of new groups, before their first push."""
-        packings, twins = self.planner.new_packings()
+        packings = self.planner.new_packings()
         if packings:
-            servers.send_command(self.raw, servers.group_packings_command(packings, twins))
+            servers.send_command(self.raw, servers.group_packings_command(packings))
 
     # -- communication ---------------------------------------------------------------------
     def push(self, key, value, priority=0):
@@ -242,13 +246,13 @@ class DistODSGD(KVStoreBase):
         step = group.global_step
         gradients = summed_gradients(group, grads)
         if step >= self.config.warmup_steps:
-            self.exchange.push_gradients(group, gradients)
-            # W_t is group.current, pulled during step t-1 (or W_0). The local update is
-            # queued before the pull of W_{t+1}, which overwrites W_{t-1} after it read it.
+            # W_{t+1} lands in the third buffer: the local update reads W_t (group.current,
+            # the answer of step t-1's round, or W_0) and W_{t-1} (group.previous).
+            self.exchange.gradient_round(group, gradients, group.following_buffer())
             self.overlap.measure_wait(group.server_key, step, gradients[0], group.current)
             self.local.update_group(group, step, [w[0] for w in weights], gradients,
                                      multipliers)
-            self.exchange.pull_next(group)
+            group.rotate()
         else:
             self.exchange.synchronous_round(group, gradients)
             scatter(group, group.current, [w[0] for w in weights])
@@ -266,6 +270,7 @@ class DistODSGD(KVStoreBase):
             raise TypeError("set_optimizer needs an mx.optimizer.Optimizer, got %r"
                             % type(optimizer).__name__)
         local = LocalUpdater(self.config, optimizer, self.num_workers)   # may refuse it
+        check_whole_arrays(optimizer, self.planner.split_groups())
         self.raw.set_optimizer(servers.ServerOptimizer(_server_safe(optimizer)))
         self.global_optimizer = optimizer
         self._server_lr = optimizer.lr
@@ -390,8 +395,8 @@ def _server_safe(optimizer):
     """`optimizer`, or a copy of it for the servers whose lr_scheduler gives the same rates
     and unpickles there: the servers unpickle the optimizer while `import mxnet` is still
     running, where GluonCV's schedulers (LRSequential, LRScheduler) cannot be imported, and
-    the job would hang (odsgd/training/schedule.py translates them). The worker keeps its own."""
-    from .training.schedule import server_safe
+    the job would hang (odsgd/server_schedules.py translates them). The worker keeps its own."""
+    from .server_schedules import server_safe
     scheduler = server_safe(optimizer.lr_scheduler)
     if scheduler is optimizer.lr_scheduler:
         return optimizer

@@ -12,7 +12,12 @@ them, so that the local step (SPEC.md section 2) uses the rates the global updat
   `_sync_multipliers`), so the servers apply what the user set.
 * `global_learning_rate(optimizer, step)`: the rate of global update `step`, counted as the
   servers count it (`begin_num_update` included).
+* `ScheduleAtAnyCount`: a schedule asked at counts in any order gives what it gives when asked
+  in increasing order (the servers' rounds of different keys arrive in any order; the worker
+  asks the rate of step t - 1 after that of step t).
 """
+import copy
+import weakref
 
 
 def multipliers(optimizer, index):
@@ -38,5 +43,62 @@ def schedule_count(optimizer, step):
 def global_learning_rate(optimizer, step):
     """The base learning rate (before multipliers) of global update `step` on the servers."""
     if optimizer.lr_scheduler is not None:
-        return optimizer.lr_scheduler(schedule_count(optimizer, step))
+        return at_any_count(optimizer.lr_scheduler)(schedule_count(optimizer, step))
     return optimizer.lr
+
+
+class ScheduleAtAnyCount(object):
+    """`schedule` (an MXNet LRScheduler or any callable of the update count) asked at counts in
+    any order. MXNet's FactorScheduler and MultiFactorScheduler keep state that only moves
+    forward: asked at a count below one they have passed, they answer the later, decayed rate.
+    A count at or above the highest asked so far goes to `schedule` itself (which moves on as
+    it would in MXNet's own loop); a lower one to a fresh copy of the schedule as it was when
+    wrapped, which computes that count from the start (these schedulers reach any count in one
+    call). Answers are remembered for the last KEEP counts."""
+
+    KEEP = 256
+
+    def __init__(self, schedule):
+        self.schedule = schedule
+        self._initial = copy.deepcopy(schedule)
+        self._highest = None
+        self._rates = {}
+
+    def __call__(self, count):
+        rate = self._rates.get(count)
+        if rate is not None:
+            return rate
+        if self._highest is None or count >= self._highest:
+            rate = self.schedule(count)
+            self._highest = count
+        else:
+            rate = copy.deepcopy(self._initial)(count)
+        self._rates[count] = rate
+        if len(self._rates) > 2 * self.KEEP:
+            for old in sorted(self._rates)[:-self.KEEP]:
+                del self._rates[old]
+        return rate
+
+    def __getattr__(self, name):
+        # base_lr, warmup settings, ...: the wrapped schedule's
+        if name in ("schedule", "_initial", "_highest", "_rates"):
+            raise AttributeError(name)
+        return getattr(self.schedule, name)
+
+
+#: the worker's wrapper of each schedule object it asks (global_learning_rate)
+_WRAPPED = weakref.WeakKeyDictionary()
+
+
+def at_any_count(schedule):
+    """The ScheduleAtAnyCount of `schedule` on this process (made once per schedule object),
+    or `schedule` itself when it already is one."""
+    if isinstance(schedule, ScheduleAtAnyCount):
+        return schedule
+    try:
+        wrapped = _WRAPPED.get(schedule)
+        if wrapped is None:
+            wrapped = _WRAPPED[schedule] = ScheduleAtAnyCount(schedule)
+    except TypeError:   # not weakly referable: ask it as it is
+        return schedule
+    return wrapped

@@ -8,11 +8,13 @@ keyed by parameter, so a replacement loses nothing. Each command below pickles t
 acts on this server process (changes the rate, writes or reads the states, ...) and hands the
 running `ServerOptimizer` back, which the server installs again.
 
-The workers' keys carry one parameter or several packed end to end (odsgd/key_groups.py; each
-key's packing registered by `group_packings_command`): a round applies the optimizer to each
-parameter's part on its own, with that parameter's index for the optimizer, so that lr_mult,
-wd_mult, the schedule count and the optimizer state are each parameter's, exactly as
-dist_sync's servers apply them when every parameter has its own key.
+The workers' keys carry one parameter, several packed end to end, or a part of a big one
+(odsgd/key_groups.py; each key's packing registered by `group_packings_command`): a round
+applies the optimizer to each parameter's piece on its own, with that parameter's index for the
+optimizer, so that lr_mult, wd_mult, the schedule count and the optimizer state are each
+parameter's, exactly as dist_sync's servers apply them when every parameter has its own key
+(the state of a parameter cut into parts is kept per part, as dist_sync's servers keep theirs
+per slice of a big array).
 
 Workers send every command through `send_command` (MXNet's optimizer command, the one channel
 from a worker to the servers). Besides the parameters, `ServerOptimizer` knows two kinds of
@@ -43,21 +45,22 @@ import traceback
 
 from mxnet.optimizer import Optimizer
 
+from .rates import ScheduleAtAnyCount
 from .state_files import write_atomically
 
 #: The ServerOptimizer this server process runs (None on workers).
 _RUNNING = None
 #: Server-side ids of the control keys: their rounds store the sum of the pushes.
 _CONTROL_KEYS = set()
-#: Server key -> [(optimizer index, offset, size)] of the parameters it carries.
+#: Server key -> [(optimizer index, offset, size, offset in the parameter or -1 when the key
+#: holds all of it)] of the parameters it carries.
 _GROUPS = {}
-#: Server key -> the other key of its group (odsgd/key_groups.py: rounds alternate between
-#: them), and per group the newest of the two with its weight array (MXNet's stored array).
-_TWINS = {}
-_NEWEST = {}    # the group's first key -> (key, weight NDArray) of its last applied round
-#: The group's first key -> the global step of its next round (told by the workers,
+#: Server key -> the global step of its next round (told by the workers,
 #: `round_steps_command`), which sets the update count of that round.
 _ROUND_STEPS = {}
+#: (optimizer index, global step) of a parameter cut into parts -> its update count before
+#: that round, taken by the first of its parts to arrive (`_pinned_counts`).
+_SPLIT_COUNTS = {}
 #: Newest probe announced by a worker, and per parameter the probe whose round was skipped.
 _PROBING = {}   # server key: the newest probe round announced for it
 _PROBED = {}    # server key: the newest probe round taken out of its rounds
@@ -95,7 +98,7 @@ class ServerOptimizer(Optimizer):
         global _RUNNING
         super(ServerOptimizer, self).__setstate__(state)
         if self.optimizer.lr_scheduler is not None:
-            self.optimizer.lr_scheduler = InOrderSchedule(self.optimizer.lr_scheduler)
+            self.optimizer.lr_scheduler = ScheduleAtAnyCount(self.optimizer.lr_scheduler)
         _RUNNING = self
 
     @property
@@ -116,11 +119,13 @@ class ServerOptimizer(Optimizer):
             return None
         return self._state(index, weight)
 
-    def _state(self, index, weight):
-        """The optimizer state of the parameter with optimizer index `index`."""
-        if index not in self.states:
-            self.states[index] = self.optimizer.create_state_multi_precision(index, weight)
-        return self.states[index]
+    def _state(self, index, weight, part_of=-1):
+        """The optimizer state of the parameter with optimizer index `index` (of its part
+        from element `part_of` on, for a parameter cut into parts)."""
+        key = index if part_of < 0 else (index, part_of)
+        if key not in self.states:
+            self.states[key] = self.optimizer.create_state_multi_precision(index, weight)
+        return self.states[key]
 
     def create_state(self, index, weight):
         return self.create_state_multi_precision(index, weight)
@@ -157,19 +162,23 @@ class ServerOptimizer(Optimizer):
                 self._group_round(apply, index[i], weight[i], grad[i])
 
     def _group_round(self, apply, key, weight, grad):
-        """One round of a group key: from the group's newest global weights, at the update
-        count dist_sync's servers have in that round. Rounds of different keys may arrive in
-        any order (odsgd/exchange.py); dist_sync applies every key's round t before any round
-        t+1, so its count in round t is begin_num_update + t + 1 for every key that trains
-        every step. `_update_count` then only raises it to the parameter's own count, which is
-        never higher."""
-        group = _group_of(key)
-        _start_from_newest(key, weight)
-        step = _ROUND_STEPS.get(group)
-        if step is not None:
-            self.optimizer.num_update = self.optimizer.begin_num_update + step + 1
-            _ROUND_STEPS[group] = step + 1
-        self._update_group(apply, _GROUPS[key], weight, grad)
+        """One round of a group key at the update count dist_sync's servers have in that
+        round. Rounds of different keys may arrive in any order (odsgd/exchange.py); dist_sync
+        applies every key's round t before any round t+1, so its count in round t is
+        begin_num_update + t + 1 for every key that trains every step. `_update_count` then
+        only raises it to the parameter's own count, which is never higher."""
+        packing = _GROUPS[key]
+        step = _ROUND_STEPS.get(key)
+        if step is None:
+            self._update_group(apply, packing, weight, grad)
+            return
+        _ROUND_STEPS[key] = step + 1
+        self.optimizer.num_update = self.optimizer.begin_num_update + step + 1
+        restore = _pinned_counts(self.optimizer, packing, step)
+        self._update_group(apply, packing, weight, grad)
+        counts = self.optimizer._index_update_count
+        for index, count in restore.items():
+            counts[index] = max(counts[index], count)
 
     def _update_group(self, apply, packing, weight, grad):
         """The optimizer on each parameter of a fused key: its part of the flat weight and
@@ -177,15 +186,16 @@ class ServerOptimizer(Optimizer):
         parameters go in batches of the optimizer's aggregate_num, as MXNet's Updater batches
         keys; the optimizer's batched and single kernels compute the same per element."""
         if len(packing) == 1:
-            # One parameter: the whole array, or the part of it this server holds when MXNet
-            # slices a big array over the servers (as dist_sync's servers update their part).
-            index = packing[0][0]
-            apply(index, weight, grad, self._state(index, weight))
+            # One parameter: the whole array, a part of it (key_groups.py), or the slice of it
+            # this server holds when MXNet slices a big array over the servers (as
+            # dist_sync's servers update their slice).
+            index, _, _, part_of = packing[0]
+            apply(index, weight, grad, self._state(index, weight, part_of))
             return
-        indices = [index for index, _, _ in packing]
-        weights = [weight[o:o + n] for _, o, n in packing]
-        grads = [grad[o:o + n] for _, o, n in packing]
-        states = [self._state(i, w) for i, w in zip(indices, weights)]
+        indices = [index for index, _, _, _ in packing]
+        weights = [weight[o:o + n] for _, o, n, _ in packing]
+        grads = [grad[o:o + n] for _, o, n, _ in packing]
+        states = [self._state(i, w, p[3]) for i, w, p in zip(indices, weights, packing)]
         batch = max(1, self.aggregate_num or 1)
         for start in range(0, len(indices), batch):
             part = slice(start, start + batch)
@@ -221,52 +231,32 @@ class ServerOptimizer(Optimizer):
             optimizer._index_update_count = counts.get(0, {})
 
 
-def _start_from_newest(key, weight):
-    """Before a round of group key `key`: `weight` (its stored array) = the group's newest
-    global weights, which the last round wrote into the other key of the group when it was
-    that one. Both keys hold W_0 before the first round."""
-    twin = _TWINS.get(key)
-    if twin is None:
-        return
-    group = _group_of(key)
-    newest = _NEWEST.get(group)
-    if newest is not None and newest[0] == twin:
-        newest[1].copyto(weight)
-    _NEWEST[group] = (key, weight)
+def _pinned_counts(optimizer, packing, step):
+    """Before round `step` of a key: the update count of each parameter cut into parts, set to
+    what it was before that round, so that its parts together count the round once, as
+    dist_sync's servers count a parameter once per round (the first part to arrive counts it;
+    the others count it again from the same start). Returns {index: count to keep at least}
+    for after the round: the count a later round of another part may have reached."""
+    counts = optimizer._index_update_count
+    restore = {}
+    for index, _, _, part_of in packing:
+        if part_of < 0:
+            continue
+        before = _SPLIT_COUNTS.get((index, step))
+        now = counts.get(index, optimizer.begin_num_update)
+        if before is None:
+            _SPLIT_COUNTS[(index, step)] = now
+        else:
+            counts[index] = before
+            restore[index] = now
+    for old in [k for k in _SPLIT_COUNTS if k[1] < step - _KEEP_STEPS]:
+        del _SPLIT_COUNTS[old]
+    return restore
 
 
-def _group_of(key):
-    """The group a server key belongs to: the first of its two keys."""
-    return min(key, _TWINS.get(key, key))
-
-
-class InOrderSchedule(object):
-    """The global optimizer's schedule as a server asks it: at any recent update count, in any
-    order. Rounds of different keys can be a step apart (odsgd/exchange.py), while MXNet's
-    FactorScheduler and MultiFactorScheduler keep state that only moves forward (a count
-    before a boundary asked after one past it would get the decayed rate). Each count is
-    computed once, the first time it is asked, and remembered: counts are first asked in
-    increasing order, since a key's round t comes before its round t+1."""
-
-    KEEP = 64   # counts remembered: rounds are at most two steps apart
-
-    def __init__(self, schedule):
-        self.schedule = schedule
-        self.rates = {}
-
-    def __call__(self, count):
-        rate = self.rates.get(count)
-        if rate is None:
-            rate = self.rates[count] = self.schedule(count)
-            for old in [c for c in self.rates if c <= count - self.KEEP]:
-                del self.rates[old]
-        return rate
-
-    def __getattr__(self, name):
-        # base_lr, warmup settings, ...: the wrapped schedule's
-        if name == "schedule":
-            raise AttributeError(name)
-        return getattr(self.schedule, name)
+#: Steps a part's rounds can lag behind another part's of the same parameter, kept in
+#: _SPLIT_COUNTS (a worker sends a key's round t+1 only after its round t is applied).
+_KEEP_STEPS = 8
 
 
 def _round_handled(key, weight, grad):
@@ -385,32 +375,29 @@ def learning_rate_command(lr):
     return _command(_apply_learning_rate, float(lr))
 
 
-def _register_packings(packings, twins):
+def _register_packings(packings):
     for key, packing in packings.items():
         _GROUPS[key] = [tuple(int(x) for x in entry) for entry in packing]
-    _TWINS.update(twins)
     return _installed()
 
 
-def group_packings_command(packings, twins):
+def group_packings_command(packings):
     """The body of the command that tells the servers which parameters their keys carry,
-    {server key: [(optimizer index, offset, size), ...]}, and each key's twin, the other key
-    of its group, {server key: server key} (odsgd/key_groups.py)."""
+    {server key: [(optimizer index, offset, size, offset in the parameter or -1), ...]}
+    (odsgd/key_groups.py, `KeyGroup.packing`)."""
     return _command(_register_packings,
                     {int(key): [tuple(int(x) for x in e) for e in packing]
-                     for key, packing in packings.items()},
-                    {int(key): int(twin) for key, twin in twins.items()})
+                     for key, packing in packings.items()})
 
 
 def _set_round_steps(steps):
-    for key, step in steps.items():
-        _ROUND_STEPS[_group_of(key)] = step
+    _ROUND_STEPS.update(steps)
     return _installed()
 
 
 def round_steps_command(steps):
-    """The body of the command that tells the servers the global step of each group's next
-    round, {server key: step} (a group's key, registered by group_packings_command before)."""
+    """The body of the command that tells the servers the global step of each key's next
+    round, {server key: step} (keys registered by group_packings_command before)."""
     return _command(_set_round_steps, {int(key): int(step) for key, step in steps.items()})
 
 

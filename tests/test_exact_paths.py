@@ -193,3 +193,27 @@ def _predict_matches_numpy_at_every_step(tmp_path, optimizer, estimate):
                           estimate=estimate)
     assert_matches(results, history, W)
     assert_global_steps(results, global_history)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "nag"])
+def test_parameters_in_parts_match_numpy_across_schedule_boundaries(tmp_path, optimizer):
+    """Every array cut into server keys of 2 elements (ODSGD_PART_ELEMENTS, no fusion), whose
+    rounds the servers apply in whatever order they arrive: the local and global weights
+    after every step equal the simulation, with wd 0.05, lr_mult 0.3 on the weight, wd_mult 0
+    on the bias and a FactorScheduler that halves the rate every 2 steps, its first change on
+    the first OD step. There the predict reads the rate of the warm-up's last round (lr x wd
+    of the round before) after the new one: asked in that order, MXNet's FactorScheduler
+    answers the decayed rate for both (odsgd/rates.py, ScheduleAtAnyCount)."""
+    from quadratic_simulation import assert_global_steps
+    assert problem.OUT_UNITS > 2     # the bias is cut too
+    options = dict(steps=9, lr=0.08, momentum=0.9, wd=0.05, warmup_steps=2, lr_factor_step=2,
+                   local_optimizer="predict", lr_mult_weight=0.3, wd_mult_bias=0.0)
+    results = run(tmp_path, optimizer=optimizer, record_global=1,
+                  env={"ODSGD_PART_ELEMENTS": "2", "ODSGD_FUSION_ELEMENTS": "0"}, **options)
+    global_history = []
+    history, W = simulate(2, 9, 0.08, momentum=0.9, wd=0.05, warmup_steps=2,
+                          local_optimizer="predict", lr_mults=(0.3, 1.0), wd_mults=(1.0, 0.0),
+                          lr_at=lambda t: 0.08 * 0.5 ** (t // 2), optimizer=optimizer,
+                          global_history=global_history)
+    assert_matches(results, history, W)
+    assert_global_steps(results, global_history)
