@@ -54,6 +54,57 @@ def test_cpu_meter_counts_a_childs_cpu_inside_a_window():
     assert sum(meter.cpu_in(start - 10, start - 5).values()) == 0
 
 
+SERVE = """
+import sys, time
+print("ready", flush=True)
+for line in sys.stdin:
+    start = time.process_time()
+    while time.process_time() - start < float(line):
+        pass
+    print(time.process_time() - start, flush=True)
+"""
+
+
+def test_a_window_shorter_than_the_sampling_period_has_its_cpu(monkeypatch):
+    """The bug of a fresh clone's KeyError cpu_bound_samples_per_sec: a timed window that
+    falls between two of the meter's samples. Here the meter samples every 30 s and the
+    window lasts about 0.25 s, in which a child of the job (it carries the job's marker)
+    burns CPU on each step and is idle otherwise. The benchmark job's edge samples
+    (throughput_job.timed's cpu_edges) given to the meter make the window's CPU figure that
+    of the child: the CPU time it reports itself (clock_gettime, not /proc), within two
+    clock ticks of /proc's counters."""
+    import mxnet  # noqa: F401 - imported before the window, as in the job
+    from odsgd.bench import throughput, throughput_job
+    meter = JobCPUMeter(interval=30)
+    env = dict(os.environ, **meter.environment)
+    child = subprocess.Popen([sys.executable, "-c", SERVE], env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        burned = []
+
+        def step():
+            child.stdin.write("0.05\n")
+            child.stdin.flush()
+            burned.append(float(child.stdout.readline()))
+
+        with meter:
+            time.sleep(0.1)                     # the meter's one sample, long before
+            monkeypatch.setenv(MARKER, meter.token)   # as in every process of the job
+            _, result = throughput_job.timed(step, 0, 5)
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
+    start, end = result["window"]
+    assert end - start < meter.interval
+    # the periodic samples alone hold nothing of the window
+    assert sum(meter.cpu_in(start, end).values()) < 0.5 * sum(burned)
+    cores = throughput.window_cores(meter, [result])
+    assert set(cores) == {"launcher"}                  # no DMLC_ROLE in its environment
+    ticks = 2.0 / os.sysconf("SC_CLK_TCK")
+    assert cores["launcher"] * (end - start) == pytest.approx(sum(burned), abs=ticks + 0.005)
+
+
 def test_a_job_that_stops_printing_ends_with_the_reason():
     meter = JobCPUMeter()
     tic = time.time()

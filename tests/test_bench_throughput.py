@@ -93,6 +93,88 @@ def test_bound_fields_and_table(capsys):
     assert "max(M/R, N*M/(S*R)) = 16.0 ms" in table and "half-duplex 6250.0" in table
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("t_comp,one_direction,push,pull,step", [
+    (10.0, 16.0, 8.0, 8.0, 16.0),       # the link binds: (8 + 8 + 10) / 2 = 13 < 16
+    (30.0, 16.0, 16.0, 16.0, 31.0),     # the two-step chain: (16 + 16 + 30) / 2 = 31 > 30
+    (50.0, 16.0, 16.0, 16.0, 50.0),     # computation binds: (16 + 16 + 50) / 2 = 41 < 50
+    (0.0, 0.0, 0.0, 0.0, 0.0),
+])
+def test_odsgd_step_model_closed_forms(t_comp, one_direction, push, pull, step):
+    from odsgd.bench import throughput
+    assert throughput.odsgd_step_seconds(t_comp, one_direction, push, pull) == \
+        pytest.approx(step)
+    if step:
+        assert throughput.predicted_samples_per_sec(256, t_comp, one_direction, push, pull) \
+            == pytest.approx(256 / step)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("topology,workers,servers,push_ms", [
+    ("hosts", 2, 1, 16.0),      # into the server NIC: 2 M; out of it (pulls): 2 M
+    ("hosts", 4, 2, 16.0),      # each server NIC: 4 M / 2 each way
+    ("hosts", 1, 2, 8.0),       # the worker's NIC: M up, M down
+    ("loopback", 2, 1, 16.0),   # one queue: N M of pushes and N M of pulls (t_link 32)
+    ("loopback", 4, 2, 32.0),
+])
+def test_push_and_pull_times_closed_forms(topology, workers, servers, push_ms):
+    from odsgd.bench import throughput
+    from odsgd.bench.jobs import link_step_seconds
+    push, pull = throughput.push_pull_seconds(topology, workers, servers, M, B_MBIT)
+    assert (push, pull) == (pytest.approx(push_ms / 1e3), pytest.approx(push_ms / 1e3))
+    t_link = link_step_seconds(topology, workers, servers, M, B_MBIT)
+    # hosts: pushes and pulls each fill one direction; loopback: both share the one queue
+    assert (push if topology == "hosts" else push + pull) == pytest.approx(t_link)
+    assert throughput.push_pull_seconds(topology, workers, servers, M, 0) is None
+
+
+@pytest.mark.timeout(30)
+def test_predicted_rate_of_dist_odsgd(capsys):
+    """The made-up run of test_bound_fields_and_table for dist_odsgd: CPU seconds per step
+    median(1.0 * 200 / 10000, 2.0 * 200 / 4000) = 0.06, over 2 cores 30 ms > t_comp 10 ms, so
+    the model's t_comp is 30 ms. hosts: t_link = push = pull = 16 ms, T = max(30, 16,
+    (16 + 16 + 30) / 2 = 31) = 31 ms, 200 / 0.031 samples/s. loopback: t_link 32 ms,
+    push = pull = 16 ms, T = max(30, 32, 31) = 32 ms. Unshaped and other modes: none."""
+    import argparse
+    from odsgd.bench import throughput
+    compute = {"t_comp": 0.01, "parameter_arrays": 2, "parameter_bytes": M}
+    cores = [{"worker": 0.75, "server": 0.25}, {"worker": 1.5, "server": 0.5}]
+    runs = []
+    for topology in ("hosts", "loopback"):
+        args = argparse.Namespace(workers=2, servers=1, batch_size=100, topology=topology,
+                                  model="mlp", mlp_hidden=8, dense_layers=1, dense_width=1,
+                                  image_size=8, cores=2)
+        for bandwidth in (B_MBIT, 0):
+            runs += throughput._summarise(
+                args, bandwidth, {"dist_sync": [10000.0, 4000.0],
+                                  "dist_odsgd": [10000.0, 4000.0]},
+                compute, 0.02, [], {"dist_sync": cores, "dist_odsgd": cores})
+    od = {(r["topology"], r["bandwidth_mbit"]): r for r in runs if r["mode"] == "dist_odsgd"}
+    hosts, loopback = od[("hosts", B_MBIT)], od[("loopback", B_MBIT)]
+    assert hosts["cpu_seconds_per_step"] == pytest.approx(0.06)
+    assert hosts["predicted_t_comp"] == pytest.approx(0.03)
+    assert (hosts["predicted_push_seconds"], hosts["predicted_pull_seconds"]) == \
+        (pytest.approx(0.016), pytest.approx(0.016))
+    assert hosts["predicted_step_seconds"] == pytest.approx(0.031)
+    assert hosts["predicted_samples_per_sec"] == pytest.approx(200 / 0.031)
+    assert loopback["predicted_step_seconds"] == pytest.approx(0.032)
+    assert loopback["predicted_samples_per_sec"] == pytest.approx(6250)
+    assert "predicted_samples_per_sec" not in od[("hosts", 0)]
+    assert "predicted_samples_per_sec" not in od[("loopback", 0)]
+    assert all("predicted_samples_per_sec" not in r for r in runs if r["mode"] == "dist_sync")
+    # t_comp alone where no CPU figure exists, or where it is the larger
+    assert throughput.model_compute_seconds(0.01) == 0.01
+    assert throughput.model_compute_seconds(0.05, 0.06, 2) == 0.05
+    throughput.print_table(runs[:4])             # hosts, shaped and unshaped
+    table = capsys.readouterr().out
+    assert "predicted" in next(line for line in table.splitlines() if "x bound" in line)
+    row = next(line for line in table.splitlines()
+               if "dist_odsgd" in line and "Mbit/s" in line)
+    # 6451.6 predicted; median 7000 measured: 7000 * 0.031 / 200 = 1.085 of it
+    assert "6451.6" in row and row.split()[-1] == "%.2f" % (7000 * 0.031 / 200)
+    assert "T = max(t_comp, t_link, (push + pull + t_comp) / 2) = 31.0 ms" in table
+
+
 def namespaces():
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     return {line.split()[0] for line in out.splitlines() if line.strip()}
@@ -148,6 +230,15 @@ def test_throughput_benchmark_tiny(tmp_path):
             r["link_bound_samples_per_sec"])
         assert r["bound_samples_per_sec"] == pytest.approx(min(
             r["cpu_bound_samples_per_sec"], r["link_bound_samples_per_sec"]))
+    # dist_odsgd's step model beside its measured rate, shaped only (closed form above)
+    for r in runs:
+        if r["mode"] == "dist_odsgd" and r["bandwidth_mbit"] == BANDWIDTH:
+            t_comp = max(r["t_comp"], r["cpu_seconds_per_step"] / r["cores"])
+            one_way = WORKERS * r["parameter_bytes"] / r["link_bytes_per_sec"]
+            assert r["predicted_samples_per_sec"] == pytest.approx(
+                WORKERS * 16 / max(t_comp, 2 * one_way, (2 * one_way + t_comp) / 2))
+        else:
+            assert "predicted_samples_per_sec" not in r
     od = next(r for r in runs if r["mode"] == "dist_odsgd" and r["bandwidth_mbit"] == 0)
     assert od["overlap_mean_wait_s"] >= 0 and 0 <= od["overlap_hidden_fraction"] <= 1
     assert (tmp_path / "tp.png").stat().st_size > 10000    # the plot

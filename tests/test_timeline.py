@@ -225,6 +225,131 @@ def test_bad_options_are_refused(argv, capsys):
     assert "error" in capsys.readouterr().err
 
 
+# -- the server NIC meter -----------------------------------------------------------------
+def _counters(times_ms, rate_in, rate_out, origin=1000.0):
+    """(time s, rx, tx) at `times_ms` after `origin`, of rates (bytes/ms, functions of the
+    ms) integrated exactly per ms: the rates are constant within each whole ms."""
+    samples, rx, tx, now = [], 0.0, 0.0, 0
+    for t in times_ms:
+        while now < t:
+            rx, tx, now = rx + rate_in(now), tx + rate_out(now), now + 1
+        samples.append((origin + t / 1e3, int(rx), int(tx)))
+    return samples
+
+
+@pytest.mark.timeout(30)
+def test_nic_summary_closed_forms():
+    """800 Mbit/s = 100,000 bytes per ms. In: the full rate for ms 0-60, idle after. Out: 40%
+    of it (below the busy threshold, half the link) for ms 0-40, the full rate for 40-100.
+    Sampled at every ms and, the second time, at irregular times that include 40 and 60."""
+    from odsgd.bench import nic_meter
+    full = 100000
+    rate_in = lambda ms: full if ms < 60 else 0                  # noqa: E731
+    rate_out = lambda ms: 0.4 * full if ms < 40 else full        # noqa: E731
+    for times in (range(0, 101), [0, 3, 4, 11, 25, 40, 41, 58, 60, 77, 90, 100]):
+        samples = _counters(times, rate_in, rate_out)
+        whole = nic_meter.nic_summary(samples, 800)
+        assert whole["window_s"] == pytest.approx(0.1)
+        assert (whole["in_busy"], whole["out_busy"], whole["both_busy"]) == \
+            (pytest.approx(0.6), pytest.approx(0.6), pytest.approx(0.2))
+        assert whole["in_mbit"] == pytest.approx(800 * 0.6)
+        assert whole["out_mbit"] == pytest.approx(800 * (0.4 * 0.4 + 0.6))
+        # ms 30-80: in busy 30-60, out 40-80, both 40-60, of 50 ms
+        part = nic_meter.nic_summary(samples, 800, 1000.030, 1000.080)
+        assert (part["in_busy"], part["out_busy"], part["both_busy"]) == \
+            (pytest.approx(0.6), pytest.approx(0.8), pytest.approx(0.4))
+        # past the samples: uncovered time is idle (ms 50-150: in 10, out 50, both 10)
+        late = nic_meter.nic_summary(samples, 800, 1000.050, 1000.150)
+        assert (late["in_busy"], late["out_busy"], late["both_busy"]) == \
+            (pytest.approx(0.1), pytest.approx(0.5), pytest.approx(0.1))
+    # every ms sampled: a window that cuts intervals counts their parts (ms 30.5-50.5)
+    samples = _counters(range(0, 101), rate_in, rate_out)
+    cut = nic_meter.nic_summary(samples, 800, 1000.0305, 1000.0505)
+    assert (cut["in_busy"], cut["out_busy"], cut["both_busy"]) == \
+        (pytest.approx(1.0), pytest.approx(10.5 / 20), pytest.approx(10.5 / 20))
+    # at 1000 Mbit/s the threshold is 62,500 bytes per ms: the 40% out (40,000) stays idle,
+    # and at 2000 Mbit/s (125,000) nothing is busy
+    assert nic_meter.nic_summary(samples, 1000)["out_busy"] == pytest.approx(0.6)
+    assert nic_meter.nic_summary(samples, 2000)["in_busy"] == 0.0
+    unshaped = nic_meter.nic_summary(samples, 0)
+    assert unshaped["in_busy"] is None and unshaped["both_busy"] is None
+    assert unshaped["in_mbit"] == pytest.approx(480)
+    assert "in busy 60%, out busy 60%, both 20%" in nic_meter.summary_line(
+        nic_meter.nic_summary(samples, 800))
+    with pytest.raises(ValueError):
+        nic_meter.nic_summary(samples[:1], 800)
+
+
+@pytest.mark.timeout(30)
+def test_server_nic_meter_reads_a_namespaces_counters():
+    """The meter on this process's own namespace, interface lo: 2 MB sent to ourselves over
+    TCP show in its counters, in both directions (lo receives what it sends), on the clock
+    of time.time()."""
+    import socket
+    import time
+    from odsgd.bench import nic_meter
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    client = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+    before = time.time()
+    with nic_meter.ServerNICMeter(os.getpid(), interface="lo", interval=0.003) as meter:
+        time.sleep(0.05)
+        client.sendall(b"x" * 2000000)
+        got = 0
+        while got < 2000000:
+            got += len(peer.recv(1 << 20))
+        time.sleep(0.05)
+    for s in (client, peer, server):
+        s.close()
+    samples = meter.samples
+    assert meter.error is None and len(samples) >= 20
+    assert before <= samples[0][0] and samples[-1][0] <= time.time()
+    assert [t for t, _, _ in samples] == sorted(t for t, _, _ in samples)
+    assert samples[-1][1] - samples[0][1] >= 2000000          # rx
+    assert samples[-1][2] - samples[0][2] >= 2000000          # tx
+    with pytest.raises(ValueError, match="no interface"):
+        nic_meter.read_counters(os.getpid(), "no-such-nic0")
+
+
+@pytest.mark.timeout(30)
+def test_a_pushpull_is_one_bar_across_both_lanes(tmp_path):
+    """The picture's panel of a made-up worker: a pushpull spans the push and the pull lanes
+    in one bar; a push and a pull stay in their own lane; the server NIC rows come last."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from odsgd.bench import timeline as bench
+    events = [{"name": "p", "kind": "pushpull", "start_ms": 1.0, "end_ms": 3.0},
+              {"name": "u", "kind": "push", "start_ms": 4.0, "end_ms": 5.0},
+              {"name": "l", "kind": "pull", "start_ms": 6.0, "end_ms": 7.0}]
+    result = {"ranks": [{"rank": 0, "events": events}], "marks_ms": [0.0, 8.0],
+              "mean_step_ms": 8.0, "window_ms": 8.0,
+              "busy": {"compute": 0.0, "push in flight": 0.375, "pull in flight": 0.375,
+                       "local update": 0.0},
+              "server_nic": {"in_busy": 0.5, "out_busy": 0.25, "both_busy": 0.0,
+                             "rates": [[0.0, 4.0, 800.0, 0.0], [4.0, 8.0, 0.0, 400.0]]}}
+    fig, ax = plt.subplots()
+    bench._panel(ax, "dist_odsgd", result, link_mbit=800)
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels == ["w0 compute", "w0 push in flight", "w0 pull in flight",
+                      "w0 local update", "server NIC in", "server NIC out"]
+    bars = {}
+    for collection in ax.collections:
+        for path in collection.get_paths():
+            box = path.get_extents()
+            bars.setdefault((round(box.x0, 3), round(box.x1, 3)), []).append(
+                (round(box.y0, 3), round(box.y1, 3)))
+    assert bars[(1.0, 3.0)] == [(-2.38, -0.62)]         # one bar: pull lane to push lane
+    assert bars[(4.0, 5.0)] == [(-1.38, -0.62)]         # push lane
+    assert bars[(6.0, 7.0)] == [(-2.38, -1.62)]         # pull lane
+    title = ax.get_title(loc="left")
+    assert title.startswith("dist_odsgd: step 8.0 ms; busy: compute 0%, push 38%")
+    assert title.endswith("; server NIC busy: in 50%, out 25%, both 0%")
+    plt.close(fig)
+
+
 # -- real jobs ----------------------------------------------------------------------------
 MLP_ARRAYS = 6      # Dense(h) -> Dense(h) -> Dense(10): a weight and a bias each
 
@@ -270,6 +395,48 @@ def test_bench_timeline_draws_every_mode(tmp_path):
             assert 0.0 <= share <= 1.0
         kinds = {e["kind"] for r in entry["ranks"] for e in r["events"]}
         if mode == "dist_odsgd":
-            assert {"compute", "push", "pull", "local_update"} <= kinds
+            # separate pushes and pulls, or push-with-pull requests (kv.pushpull)
+            assert {"compute", "local_update"} <= kinds
+            assert {"push", "pull"} <= kinds or "pushpull" in kinds
         else:
             assert {"compute", "pushpull"} <= kinds
+        assert "server_nic" not in entry                    # loopback: no NIC of a server
+    assert "server NIC" not in output
+
+
+def _no_emulation():
+    from odsgd import emulate
+    try:
+        emulate.require_root_and_sshd()
+    except emulate.EmulationError as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.skipif(_no_emulation() is not None, reason=str(_no_emulation()))
+def test_bench_timeline_on_hosts_records_the_server_nic(tmp_path):
+    """Emulated hosts at 200 Mbit/s, a 0.33 M-parameter MLP (1.3 MB a push): the first
+    server's NIC is busy in both directions for part of the window, its mean rate in and
+    out cannot pass the link's (5% for the token bucket's burst), and the pushes of one
+    step's 2 workers (2 x 1.3 MB in) take at least 2 x 1.3 MB / 25 MB/s = 106 ms of it."""
+    from odsgd.bench.throughput_job import mlp_parameter_count
+    png, data = tmp_path / "t.png", tmp_path / "t.json"
+    code, output = _run([sys.executable, "-m", "odsgd.bench", "timeline", "--topology",
+                         "hosts", "--bandwidth-mbit", "200", "--modes", "dist_odsgd",
+                         "--mlp-hidden", "256", "--batch-size", "8", "--skip", "2",
+                         "--steps", "8", "--out", str(png), "--json", str(data)], 140,
+                        _environment())
+    assert code == 0, output
+    assert "dist_odsgd  server NIC: in busy" in output
+    nic = json.loads(data.read_text())["modes"]["dist_odsgd"]["server_nic"]
+    assert nic["link_mbit"] == 200 and nic["samples"] >= 20
+    for direction in ("in", "out"):
+        assert 0.05 < nic[direction + "_busy"] <= 1.0
+        assert 0 < nic[direction + "_mbit"] <= 1.05 * 200
+    assert 0.0 <= nic["both_busy"] <= min(nic["in_busy"], nic["out_busy"])
+    window_ms = json.loads(data.read_text())["modes"]["dist_odsgd"]["window_ms"]
+    step_bytes = 2 * 4 * mlp_parameter_count(256)               # two workers' pushes
+    assert window_ms / 4 >= 0.95 * 1e3 * step_bytes / (200e6 / 8)
+    assert nic["rates"][0][0] == 0.0 and nic["rates"][-1][1] == pytest.approx(window_ms)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

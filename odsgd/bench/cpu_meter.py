@@ -7,6 +7,13 @@ gives each role's CPU seconds inside a wall-clock window, interpolated between s
 
 Why from outside: a worker can time its own CPU, but the servers run MXNet's C++ server loop
 and report nothing; the bound "cores / CPU seconds per step" needs all of them.
+
+Edges: a window shorter than the sampling interval (or one at the job's end, after a
+process's last sample) may hold no sample at all. So the benchmark's job itself reads the
+CPU times of the job's processes at both edges of its timed window (`job_processes` once
+before it, then `edge_sample` at each edge: /proc/<pid>/stat of those pids only, each read
+time-stamped), and the meter takes them in (`add_edge_samples`): every timed window has a
+sample at its start and at its end.
 """
 import bisect
 import os
@@ -50,6 +57,7 @@ class JobCPUMeter:
         self.roles = {}        # pid -> role
         self.foreign = set()   # pids of processes that are not the job's
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self):
@@ -66,25 +74,23 @@ class JobCPUMeter:
             self._stop.wait(self.interval)
 
     def sample(self):
-        now = time.time()
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            pid = int(name)
-            if pid in self.foreign:
-                continue
-            try:
-                # Read the environment every time: between fork and exec a child still has
-                # its parent's environment (without the marker, or with the launcher's role).
-                env = _environ(pid)
-                if env.get(MARKER) != self.token:
-                    if _age(pid) > 2.0:
-                        self.foreign.add(pid)          # settled and not ours: skip from now on
-                    continue
-                self.roles[pid] = env.get("DMLC_ROLE", "launcher")
-                self.samples.setdefault(pid, []).append((now, _read_cpu(pid)))
-            except (OSError, ValueError, IndexError):
-                continue                               # exited between listdir and read
+        processes = job_processes(self.token, self.foreign)
+        with self._lock:
+            for pid, role, when, cpu in edge_sample(processes):
+                self.roles[pid] = role
+                bisect.insort(self.samples.setdefault(pid, []), (when, cpu))
+
+    def add_edge_samples(self, edges):
+        """Takes in samples that the job read itself (`edge_sample`'s lists, e.g. a worker's
+        `cpu_edges`: one at each edge of its timed window), in time order among the meter's
+        own. Pids and times may come as JSON gives them back (strings, lists)."""
+        with self._lock:
+            for edge in edges or ():
+                for pid, role, when, cpu in edge:
+                    pid = int(pid)
+                    self.roles.setdefault(pid, role)
+                    samples = self.samples.setdefault(pid, [])
+                    bisect.insort(samples, (float(when), float(cpu)))
 
     def cpu_in(self, start, end):
         """{role: CPU seconds of all its processes between wall-clock `start` and `end`}."""
@@ -94,6 +100,49 @@ class JobCPUMeter:
             role = self.roles[pid]
             totals[role] = totals.get(role, 0.0) + used
         return totals
+
+
+def job_processes(token=None, foreign=None):
+    """{pid: role} of the processes that carry the job's marker `token` (default: this
+    process's own, from its environment; none: {}). `foreign`, a set, remembers settled
+    processes that are not the job's, to skip them on the next scan."""
+    token = token if token is not None else os.environ.get(MARKER)
+    found = {}
+    if not token:
+        return found
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if foreign is not None and pid in foreign:
+            continue
+        try:
+            # Read the environment every time: between fork and exec a child still has
+            # its parent's environment (without the marker, or with the launcher's role).
+            env = _environ(pid)
+            if env.get(MARKER) != token:
+                if foreign is not None and _age(pid) > 2.0:
+                    foreign.add(pid)                   # settled and not ours: skip from now on
+                continue
+            found[pid] = env.get("DMLC_ROLE", "launcher")
+        except (OSError, ValueError, IndexError):
+            continue                                   # exited between listdir and read
+    return found
+
+
+def edge_sample(processes):
+    """One sample of the CPU seconds of `processes` ({pid: role}, job_processes) at this
+    moment: [[pid, role, time.time(), CPU seconds], ...], each time taken just before its
+    read, so that a window's edge is bracketed to within a read (microseconds). Processes
+    that have exited are left out. JSON-ready: it travels in the job's result file."""
+    sample = []
+    for pid, role in processes.items():
+        try:
+            when = time.time()
+            sample.append([pid, role, when, _read_cpu(pid)])
+        except (OSError, ValueError, IndexError):
+            continue
+    return sample
 
 
 def _at(samples, when):

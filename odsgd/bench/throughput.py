@@ -21,7 +21,9 @@ own; 0 = unshaped) it measures:
   every pull); and the bound min(CPU bound, link bound), which "x bound" compares against, so
   that a mode that is below its ideal shows whether the CPU or the network holds it back. The
   JSON also keeps the half-duplex figures (half_duplex_*: a NIC's pushes and pulls counted on
-  one medium, the two-direction count of earlier versions).
+  one medium, the two-direction count of earlier versions);
+* for dist_odsgd, the rate its step model predicts (predicted_samples_per_sec, shaped links
+  only): T = max(t_comp, t_link, (push + pull + t_comp) / 2), see odsgd_step_seconds.
 
 Writes a table to the console, --json FILE (key "runs", one entry per mode and bandwidth) and
 a PNG plot beside it.
@@ -142,13 +144,28 @@ def measure_mode(args, mode, place):
         run_job(_job_args(args, out, kvstore=mode), args.workers, args.servers, args.timeout,
                 env=env, stall_timeout=args.stall_timeout, **place)
         ranks = _read_ranks(out, args.workers)
-    # The window all workers were timing in; CPU of every process of the job inside it.
-    start = max(r["window"][0] for r in ranks)
-    end = min(r["window"][1] for r in ranks)
-    cores = {role: cpu / (end - start) for role, cpu in meter.cpu_in(start, end).items()} \
-        if end > start else {}
+    cores = window_cores(meter, ranks)
     overlap = [r["overlap"] for r in ranks if "overlap" in r]
     return sum(r["samples_per_sec"] for r in ranks), overlap or None, cores
+
+
+def window_cores(meter, ranks):
+    """{role: cores in use} over the window all workers were timing in (the latest start to
+    the earliest end; where the workers' windows do not overlap, as dist_async's may not on a
+    short run, from the earliest start to the latest end): the CPU seconds of every process
+    of the job inside it (JobCPUMeter.cpu_in) over its length. The workers' edge samples
+    (`cpu_edges` of their results) go to the meter first, so that the window has a sample at
+    each edge however short it is. {} for an empty window."""
+    for r in ranks:
+        meter.add_edge_samples(r.get("cpu_edges"))
+    start = max(r["window"][0] for r in ranks)
+    end = min(r["window"][1] for r in ranks)
+    if end <= start:
+        start = min(r["window"][0] for r in ranks)
+        end = max(r["window"][1] for r in ranks)
+    if end <= start:
+        return {}
+    return {role: cpu / (end - start) for role, cpu in meter.cpu_in(start, end).items()}
 
 
 def run(args):
@@ -256,6 +273,77 @@ def link_fields(topology, workers, servers, parameter_bytes, bandwidth):
 LINK_FORMULA = {"hosts": "max(M/R, N*M/(S*R))", "loopback": "2*N*M/R"}
 
 
+def push_pull_seconds(topology, workers, servers, parameter_bytes, bandwidth_mbit):
+    """(push, pull): one step's time of its pushes and of its pulls on the busiest shaped
+    queue each passes, R = link_bytes_per_sec; None unshaped.
+
+    hosts: the pushes go out of the workers' NICs and into the servers', the pulls the other
+    way, each on the other direction of a full-duplex NIC: each direction's busiest queue
+    carries max(M, N*M/S) of them, so push = pull = max(M/R, N*M/(S*R)) = t_link (one
+    direction's time, link_step_seconds). loopback: the one shaped queue carries both, N*M of
+    each: push = pull = N*M/R, push + pull = t_link = 2*N*M/R."""
+    rate = link_bytes_per_sec(bandwidth_mbit)
+    if rate is None:
+        return None
+    if topology == "hosts":
+        one_way = step_wire_bytes(topology, workers, servers, parameter_bytes) / rate
+        return one_way, one_way
+    if topology == "loopback":
+        return workers * parameter_bytes / rate, workers * parameter_bytes / rate
+    raise ValueError("topology must be one of %s, got %r" % (", ".join(TOPOLOGIES), topology))
+
+
+def odsgd_step_seconds(t_comp, one_direction, push, pull):
+    """dist_odsgd's step time in its model: T = max(t_comp, one_direction,
+    (push + pull + t_comp) / 2).
+
+    Each of the three is a lower bound: a worker computes one step after another (t_comp);
+    the busiest queue carries one step's bytes in each step (one_direction, the link bound's
+    t_link); and with the one-step delay, step t's push, the servers' answer to it (its
+    pull) and the computation of the step that needs those weights (step t + 2 starts from
+    round t's global weights) form a chain that two steps' time must hold:
+    t_comp + push + pull <= 2 T."""
+    return max(t_comp, one_direction, (push + pull + t_comp) / 2.0)
+
+
+def predicted_samples_per_sec(per_step, t_comp, one_direction, push, pull):
+    """Samples/s of the whole job (`per_step` = N B samples a step) at odsgd_step_seconds."""
+    return per_step / odsgd_step_seconds(t_comp, one_direction, push, pull)
+
+
+def model_compute_seconds(t_comp, cpu_seconds_per_step=None, cores=None):
+    """The computation time of a step for the step model: the larger of `t_comp` (one
+    step's forward and backward alone in one process on an otherwise idle machine, as
+    measured by measure_compute: what a worker's computation takes at least) and, where the
+    CPU meter measured the mode, its CPU seconds per step over the cores (the time the
+    machine's cores need for the CPU work of one step of every process of the job: the
+    workers' computation with its local update and copies, the servers' sums and updates,
+    the TCP copies). The first binds where cores are plentiful, the second where the job's
+    processes share few cores, as on the 2-core machine of docs/benchmarks.md, where t_comp
+    alone would leave out the contention that every mode runs under."""
+    if cpu_seconds_per_step and cores:
+        return max(t_comp, cpu_seconds_per_step / cores)
+    return t_comp
+
+
+def prediction_fields(entry, per_step, bandwidth_mbit):
+    """The step model's fields of a dist_odsgd entry (after cpu_summary and link_fields):
+    the model's t_comp, push, pull and step time, and predicted_samples_per_sec; {} unshaped
+    (no link rate: the model has nothing to add to the CPU bound)."""
+    times = push_pull_seconds(entry["topology"], entry["workers"], entry["servers"],
+                              entry["parameter_bytes"], bandwidth_mbit)
+    if times is None:
+        return {}
+    push, pull = times
+    t_comp = model_compute_seconds(entry["t_comp"], entry.get("cpu_seconds_per_step"),
+                                   entry.get("cores"))
+    step = odsgd_step_seconds(t_comp, entry["wire_seconds"], push, pull)
+    return {"predicted_t_comp": t_comp, "predicted_push_seconds": push,
+            "predicted_pull_seconds": pull, "predicted_step_seconds": step,
+            "predicted_formula": "max(t_comp, t_link, (push + pull + t_comp) / 2)",
+            "predicted_samples_per_sec": per_step / step}
+
+
 def _summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores):
     per_step = args.workers * args.batch_size
     t_comp = compute["t_comp"]
@@ -278,6 +366,8 @@ def _summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores):
         entry.update(cpu_summary(rates, cores[mode], args.cores, per_step,
                                  link["wire_seconds"], link["half_duplex_wire_seconds"]),
                      parameter_arrays=compute["parameter_arrays"])
+        if mode == "dist_odsgd":
+            entry.update(prediction_fields(entry, per_step, bandwidth))
         if mode == "dist_odsgd" and overlaps:
             waits = [o["mean_wait_s"] for o in overlaps if o["mean_wait_s"] is not None]
             if waits:
@@ -292,9 +382,10 @@ def print_table(runs):
     by_bw = {}
     for r in runs:
         by_bw.setdefault(r["bandwidth_mbit"], {})[r["mode"]] = r
-    print("\n%-12s %-11s %22s %7s %7s %7s %6s %9s %9s %9s %7s %6s"
+    print("\n%-12s %-11s %22s %7s %7s %7s %6s %9s %9s %9s %7s %6s %9s %6s"
           % ("bandwidth", "mode", "samples/s (min-max)", "x sync", "x async", "x ideal",
-             "cores", "link bnd", "CPU bnd", "bound", "x bound", "hidden"))
+             "cores", "link bnd", "CPU bnd", "bound", "x bound", "hidden", "predicted",
+             "x pred"))
     for bandwidth in sorted(by_bw, key=_bandwidth_order):
         modes = by_bw[bandwidth]
         sync = modes.get("dist_sync", {}).get("samples_per_sec")
@@ -303,7 +394,8 @@ def print_table(runs):
             rate = r["samples_per_sec"]
             hidden = r.get("overlap_hidden_fraction")
             bound = r.get("bound_samples_per_sec")
-            print("%-12s %-11s %8.1f (%6.1f-%6.1f) %7s %7s %7.2f %6s %9s %9s %9s %7s %6s"
+            predicted = r.get("predicted_samples_per_sec")
+            print("%-12s %-11s %8.1f (%6.1f-%6.1f) %7s %7s %7.2f %6s %9s %9s %9s %7s %6s %9s %6s"
                   % (_bw(bandwidth), mode, rate, r["samples_per_sec_min"],
                      r["samples_per_sec_max"],
                      "%.2f" % (rate / sync) if sync else "-",
@@ -313,7 +405,15 @@ def print_table(runs):
                      _rate(r.get("link_bound_samples_per_sec")),
                      _rate(r.get("cpu_bound_samples_per_sec")), _rate(bound),
                      "%.2f" % (rate / bound) if bound else "-",
-                     "%.0f%%" % (100 * hidden) if hidden is not None else "-"))
+                     "%.0f%%" % (100 * hidden) if hidden is not None else "-",
+                     _rate(predicted), "%.2f" % (rate / predicted) if predicted else "-"))
+            if predicted:
+                print("%-12s %-11s %8s   predicted: T = %s = %.1f ms (t_comp %.1f ms, "
+                      "t_link %.1f ms, push %.1f ms, pull %.1f ms)"
+                      % ("", "", "", r["predicted_formula"],
+                         1e3 * r["predicted_step_seconds"], 1e3 * r["predicted_t_comp"],
+                         1e3 * r["wire_seconds"], 1e3 * r["predicted_push_seconds"],
+                         1e3 * r["predicted_pull_seconds"]))
         any_run = next(iter(modes.values()))
         print("%-12s %-11s %8.1f   t_comp %.1f ms, t_comm %.1f ms; SSGD bound %.1f"
               % ("", "ideal", any_run["ideal_samples_per_sec"], 1e3 * any_run["t_comp"],

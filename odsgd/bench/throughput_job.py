@@ -12,6 +12,7 @@ import time
 
 import odsgd  # registers dist_odsgd; on servers it loads only the server side
 from odsgd import timeline
+from odsgd.bench import cpu_meter
 import mxnet as mx
 import numpy as np
 
@@ -77,8 +78,12 @@ def synthetic_batch(shape, classes, batch_size):
 
 
 def timed(step, skip, steps, progress_every=5.0):
-    """Seconds per step of `step()` over `steps` steps after `skip` untimed ones, and the
-    timed window (wall-clock start, end) and this process's CPU seconds in it (all threads).
+    """Seconds per step of `step()` over `steps` steps after `skip` untimed ones, and a dict:
+    the timed window (wall-clock start, end), this process's CPU seconds in it (all threads)
+    and, where the benchmark's CPU meter marks the job (odsgd.bench.cpu_meter.MARKER in the
+    environment), `cpu_edges`: the CPU seconds of every process of the job read at the
+    window's start and at its end (cpu_meter.edge_sample), so that the meter has a sample at
+    both edges however short the window is.
 
     Prints a progress line at most every `progress_every` seconds: the benchmark ends a job
     whose output stops (odsgd.bench.jobs.run_job's stall timeout)."""
@@ -94,11 +99,19 @@ def timed(step, skip, steps, progress_every=5.0):
 
     run(skip, "untimed")
     mx.nd.waitall()
+    # Every process of the job runs by now (the untimed steps needed them): find them before
+    # the window, read only their /proc/<pid>/stat at its edges.
+    processes = cpu_meter.job_processes()
+    first = cpu_meter.edge_sample(processes)
     tic, cpu = time.time(), time.process_time()
     run(steps, "timed")
     mx.nd.waitall()
     toc = time.time()
-    return (toc - tic) / steps, {"window": [tic, toc], "cpu_seconds": time.process_time() - cpu}
+    cpu = time.process_time() - cpu
+    result = {"window": [tic, toc], "cpu_seconds": cpu}
+    if processes:
+        result["cpu_edges"] = [first, cpu_meter.edge_sample(processes)]
+    return (toc - tic) / steps, result
 
 
 def model_step(args, trainer_for=None):

@@ -9,6 +9,15 @@ then picks a window of --window steady-state steps of each mode and draws it (--
 the window's events in --json. It prints, per mode, the mean step time and the share of the
 window in which each lane was busy: a push or pull lane well below 100% is a direction of the
 link that stood idle. docs/benchmarks.md, "Timeline", says how to read it.
+
+On --topology hosts it also records the first server's NIC (odsgd.bench.nic_meter: its byte
+counters every 3 ms, on the traces' clock): it prints per mode the share of the window in
+which each direction of that NIC was busy (above half the link's rate) and both at once, and
+draws its rate in and out in two rows under the workers' rows.
+
+A `pushpull` event (one request that pushes a gradient and brings the new weights back:
+Gluon's Trainer under dist_sync and dist_async, or a store's kv.pushpull) cannot be split
+into its push and its pull: it counts in both lanes and is drawn as one bar across both.
 """
 import argparse
 import json
@@ -19,6 +28,7 @@ import time
 
 from .. import timeline as tl
 from ..emulate import EmulationError
+from . import nic_meter
 from .jobs import TOPOLOGIES, TOPOLOGY_HELP, JobFailed, job_placement, run_job
 from .throughput import MODES, _env, _job_args
 from .throughput_job import MODEL_HELP, mlp_parameter_count
@@ -28,7 +38,7 @@ COLOURS = {"compute": "#4c72b0", "copy": "#a0a0a0", "push": "#dd8452", "pull": "
            "pushpull": "#8172b3", "local_update": "#c44e52"}
 LEGEND = (("compute", "compute (forward, backward)"), ("copy", "copy / pack"),
           ("push", "push in flight"), ("pull", "pull in flight"),
-          ("pushpull", "push+pull in one request (Trainer under dist_sync/dist_async)"),
+          ("pushpull", "push+pull in one request (kv.pushpull; across both lanes)"),
           ("local_update", "local update (odsgd_*)"))
 
 
@@ -92,14 +102,23 @@ def _check(parser, args):
 
 
 # -- running ------------------------------------------------------------------------------
-def record_mode(args, mode, place, folder):
-    """Runs the job of `mode` with every worker recording; the traces' events, per rank."""
+def record_mode(args, mode, place, folder, nic=None):
+    """Runs the job of `mode` with every worker recording; the traces' events, per rank.
+    With `nic` (a list), the first server's NIC counters (nic_meter) are sampled during the
+    job on emulated hosts and put into it."""
     out = os.path.join(folder, mode)
     os.makedirs(out, exist_ok=True)
     trace = os.path.join(out, "trace.json")
     env = dict(_env(args, mode), ODSGD_TIMELINE=trace)
-    run_job(_job_args(args, out, kvstore=mode), args.workers, args.servers, args.timeout,
-            env=env, stall_timeout=args.stall_timeout, **place)
+    meter = server_nic_meter(place) if nic is not None else None
+    if meter is None:
+        run_job(_job_args(args, out, kvstore=mode), args.workers, args.servers, args.timeout,
+                env=env, stall_timeout=args.stall_timeout, **place)
+    else:
+        with meter:
+            run_job(_job_args(args, out, kvstore=mode), args.workers, args.servers,
+                    args.timeout, env=env, stall_timeout=args.stall_timeout, **place)
+        nic.extend(meter.samples)
     traces = []
     for rank in range(args.workers):
         path = tl.trace_file(trace, rank)
@@ -109,9 +128,27 @@ def record_mode(args, mode, place, folder):
     return traces
 
 
-def summarise(args, traces):
+def server_nic_meter(place):
+    """A ServerNICMeter on the first server's host where the job runs on emulated hosts
+    (None elsewhere, or where its counters cannot be read: then a note says so)."""
+    cluster = place.get("hosts")
+    if cluster is None:
+        return None
+    host = cluster.hosts[0]
+    try:
+        pid = nic_meter.namespace_pid(host.netns)
+        nic_meter.read_counters(pid, host.interface)        # readable: else a note, no meter
+        return nic_meter.ServerNICMeter(pid, interface=host.interface)
+    except (OSError, ValueError) as error:
+        print("[timeline] no server NIC figures: %s" % error, flush=True)
+        return None
+
+
+def summarise(args, traces, nic=None):
     """The window (rank 0's steady steps, the same span for every worker) and per worker its
-    events there, its lanes' busy shares there and its mean step time over the steady run."""
+    events there, its lanes' busy shares there and its mean step time over the steady run.
+    With `nic`, the first server's NIC counters (time, rx, tx) during the job: their
+    nic_summary over the window and their rates in it (`server_nic`)."""
     total = args.skip + args.steps
     marks = [tl.step_marks(events, steps=total) for events in traces]
     window = tl.steady_window(marks[0], args.window)
@@ -123,12 +160,29 @@ def summarise(args, traces):
                                  for e in tl.in_window(events, window.start_s, window.end_s)
                                  if e.kind != "other"]})
     lanes = [label for label, _ in tl.LANES]
-    return {"window_start_s": window.start_s,
-            "window_ms": 1e3 * (window.end_s - window.start_s),
-            "marks_ms": [1e3 * (m - window.start_s) for m in window.marks],
-            "mean_step_ms": sum(r["mean_step_ms"] for r in ranks) / len(ranks),
-            "busy": {lane: sum(r["busy"][lane] for r in ranks) / len(ranks) for lane in lanes},
-            "ranks": ranks}
+    result = {"window_start_s": window.start_s,
+              "window_ms": 1e3 * (window.end_s - window.start_s),
+              "marks_ms": [1e3 * (m - window.start_s) for m in window.marks],
+              "mean_step_ms": sum(r["mean_step_ms"] for r in ranks) / len(ranks),
+              "busy": {lane: sum(r["busy"][lane] for r in ranks) / len(ranks)
+                       for lane in lanes},
+              "ranks": ranks}
+    if nic and len(nic) >= 2:
+        result["server_nic"] = server_nic_fields(nic, args.bandwidth_mbit, window.start_s,
+                                                 window.end_s)
+    return result
+
+
+def server_nic_fields(samples, link_mbit, start_s, end_s):
+    """nic_summary over [start_s, end_s] and, for the picture, the rates of the intervals
+    that overlap it: [start ms, end ms, in Mbit/s, out Mbit/s] from start_s, clipped."""
+    fields = nic_meter.nic_summary(samples, link_mbit, start_s, end_s)
+    fields["rates"] = [[round(1e3 * (max(t0, start_s) - start_s), 4),
+                        round(1e3 * (min(t1, end_s) - start_s), 4),
+                        round(8 * rate_in / 1e6, 3), round(8 * rate_out / 1e6, 3)]
+                       for t0, t1, rate_in, rate_out in nic_meter.rates(sorted(samples))
+                       if t1 > start_s and t0 < end_s]
+    return fields
 
 
 def _ms(event, origin):
@@ -145,8 +199,9 @@ def run(args, folder):
                   % (mode, args.workers, args.servers, args.skip + args.steps, link_text(args)),
                   flush=True)
             tic = time.time()
-            traces = record_mode(args, mode, place, folder)
-            results[mode] = summarise(args, traces)
+            nic = [] if args.topology == "hosts" else None
+            traces = record_mode(args, mode, place, folder, nic)
+            results[mode] = summarise(args, traces, nic)
             print("[timeline] %-10s done in %.0f s: %s events recorded, mean step %.1f ms"
                   % (mode, time.time() - tic, " + ".join(str(len(t)) for t in traces),
                      results[mode]["mean_step_ms"]), flush=True)
@@ -180,9 +235,14 @@ def print_table(args, results):
     for mode, result in results.items():
         print("%-11s %9.1f" % (mode, result["mean_step_ms"]) +
               "".join(" %14.0f%%" % (100 * result["busy"][lane]) for lane in lanes))
-    if any(m in results for m in ("dist_sync", "dist_async")):
-        print("(dist_sync and dist_async send each key's push and pull as one request: both "
-              "lanes are busy together)")
+    for mode, result in results.items():
+        if "server_nic" in result:
+            print("%-11s %s" % (mode, nic_meter.summary_line(result["server_nic"])))
+    together = [mode for mode, result in results.items()
+                if any(e["kind"] == "pushpull" for r in result["ranks"] for e in r["events"])]
+    if together:
+        print("(%s send each key's push and pull as one request (pushpull): both lanes are "
+              "busy together)" % " and ".join(together))
 
 
 def write_json(args, results, path, command):
@@ -201,11 +261,12 @@ def plot(args, results, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
-    rows = args.workers * len(tl.LANES)
+    rows = args.workers * len(tl.LANES) + (2 if any("server_nic" in r
+                                                 for r in results.values()) else 0)
     fig, axes = plt.subplots(len(results), 1, sharex=True, squeeze=False,
                              figsize=(12, 1.3 + len(results) * (0.75 + 0.28 * rows)))
     for ax, (mode, result) in zip(axes[:, 0], results.items()):
-        _panel(ax, mode, result)
+        _panel(ax, mode, result, args.bandwidth_mbit)
     longest = max(r["window_ms"] for r in results.values())
     axes[-1, 0].set_xlim(0, longest)
     axes[-1, 0].set_xlabel("ms from the window's start; dotted: the same point of every "
@@ -223,20 +284,33 @@ def plot(args, results, path):
     plt.close(fig)
 
 
-def _panel(ax, mode, result):
-    """One mode: a row per worker and lane, top to bottom; each lane's events as bars."""
+def _panel(ax, mode, result, link_mbit=0):
+    """One mode: a row per worker and lane, top to bottom; each lane's events as bars. A kind
+    drawn in several adjacent lanes (pushpull: push and pull) is one bar across them. Then,
+    where recorded, two rows of the first server's NIC rate, in and out."""
     labels = []
     for rank in result["ranks"]:
+        rows = {}
         for label, kinds in tl.LANES:
-            y = -len(labels)
-            labels.append("w%d %s" % (rank["rank"], label))
             for kind in kinds:
-                spans = [(e["start_ms"], e["end_ms"] - e["start_ms"]) for e in rank["events"]
-                         if e["kind"] == kind]
-                if spans:
-                    ax.broken_barh(spans, (y - 0.38, 0.76), facecolor=COLOURS[kind],
-                                   edgecolor="black", linewidth=0.2, alpha=0.85,
-                                   hatch="//" if kind == "pushpull" else None)
+                rows.setdefault(kind, []).append(-len(labels))
+            labels.append("w%d %s" % (rank["rank"], label))
+        for kind, ys in rows.items():
+            spans = [(e["start_ms"], e["end_ms"] - e["start_ms"]) for e in rank["events"]
+                     if e["kind"] == kind]
+            if not spans:
+                continue
+            if max(ys) - min(ys) == len(ys) - 1:          # adjacent lanes: one bar
+                bands = [(min(ys) - 0.38, max(ys) - min(ys) + 0.76)]
+            else:
+                bands = [(y - 0.38, 0.76) for y in ys]
+            for band in bands:
+                ax.broken_barh(spans, band, facecolor=COLOURS[kind], edgecolor="black",
+                               linewidth=0.2, alpha=0.85,
+                               hatch="//" if kind == "pushpull" else None)
+    nic = result.get("server_nic")
+    if nic:
+        labels += _nic_rows(ax, nic, -len(labels), link_mbit)
     for mark in result["marks_ms"]:
         ax.axvline(mark, color="grey", linestyle=":", linewidth=0.8)
     ax.set_yticks([-i for i in range(len(labels))])
@@ -248,7 +322,36 @@ def _panel(ax, mode, result):
                  % (mode, result["mean_step_ms"], 100 * busy["compute"],
                     100 * busy["push in flight"], 100 * busy["pull in flight"],
                     100 * busy["local update"]), fontsize=9, loc="left")
+    if nic and nic.get("in_busy") is not None:
+        ax.set_title(ax.get_title(loc="left") +
+                     "; server NIC busy: in %.0f%%, out %.0f%%, both %.0f%%"
+                     % (100 * nic["in_busy"], 100 * nic["out_busy"], 100 * nic["both_busy"]),
+                     fontsize=9, loc="left")
     ax.grid(axis="x", alpha=0.3)
+
+
+def _nic_rows(ax, nic, top, link_mbit):
+    """Draws the server NIC's rate in (row `top`) and out (row `top` - 1), each scaled so
+    that a full row is the link's rate (the highest rate seen, unshaped), with a dotted line
+    at the busy threshold; returns the rows' labels."""
+    rates = nic["rates"]
+    scale = link_mbit or max([max(r[2], r[3]) for r in rates] + [1e-9])
+    labels = []
+    for offset, (label, column, colour) in enumerate((("in", 2, COLOURS["push"]),
+                                                      ("out", 3, COLOURS["pull"]))):
+        y = top - offset
+        labels.append("server NIC %s" % label)
+        if rates:
+            xs = [r[0] for r in rates] + [rates[-1][1]]
+            heights = [min(r[column] / scale, 1.0) for r in rates]
+            ax.fill_between(xs, y - 0.38, [y - 0.38 + 0.76 * h for h in heights] +
+                            [y - 0.38 + 0.76 * heights[-1]], step="post", color=colour,
+                            alpha=0.8, linewidth=0)
+        ax.axhline(y - 0.38 + 0.76, color="grey", linewidth=0.4)
+        if link_mbit:
+            ax.axhline(y - 0.38 + 0.76 * nic_meter.BUSY_SHARE, color="black",
+                       linestyle=":", linewidth=0.6)
+    return labels
 
 
 def _parent(path):
