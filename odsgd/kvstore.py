@@ -21,7 +21,6 @@ step t-1's round only (through w_{t+1}), never on step t's: that communication o
 t+1's computation.
 """
 import copy
-import logging
 
 import mxnet as mx
 from mxnet.kvstore import KVStoreBase
@@ -35,8 +34,7 @@ from .exchange import RoundExchange, scatter, summed_gradients
 from .key_plan import KeyPlanner, check_dense, check_whole_arrays, init_server_keys, pull_parts
 from .local_update import LocalUpdater
 from .overlap import OverlapMeter
-
-LOG = logging.getLogger("odsgd")
+from .server_settings import ServerSettings
 
 
 class StoreType(str):
@@ -92,13 +90,13 @@ class DistODSGD(KVStoreBase):
         exit_on_uncaught_exception()
         timeline.start_if_asked(self.rank)   # ODSGD_TIMELINE: a trace of this worker
         self.exchange = RoundExchange(self.raw)
-        self._server_multipliers = {}
+        #: what the servers were told (packings, learning rate, multipliers)
+        self.settings = ServerSettings(self.raw)
         #: global steps made (pushes of the newest key group)
         self.global_step = 0
         self.global_optimizer = None
         #: the LocalUpdater (made by set_optimizer)
         self.local = None
-        self._server_lr = None
         self.agreement = WorkerAgreement(self)
         #: the user's keys and their key groups (odsgd/key_plan.py)
         self.planner = KeyPlanner(self.raw, self.agreement, self.config.fusion_elements,
@@ -159,12 +157,6 @@ class DistODSGD(KVStoreBase):
         group.previous.wait_to_read()
         return group
 
-    def _register_packings(self):
-        """Tells the servers the packings of new groups, before their first push."""
-        packings = self.planner.new_packings()
-        if packings:
-            servers.send_command(self.raw, servers.group_packings_command(packings))
-
     # -- communication ---------------------------------------------------------------------
     def push(self, key, value, priority=0):
         """Pushes gradients (summed over `value`'s devices) for one global step, as
@@ -173,7 +165,7 @@ class DistODSGD(KVStoreBase):
         keys, values = (key, value) if isinstance(key, (list, tuple)) else ([key], [value])
         plan = self.planner.plan(list(keys), [_as_list(v) for v in values], None, self.local,
                                  self.global_step)
-        self._register_packings()
+        self.settings.send_packings(self.planner)
         self.exchange.sync_round_steps([group for group, _ in plan.groups])
         for group, positions in plan.groups:
             self.exchange.synchronous_round(
@@ -218,9 +210,7 @@ class DistODSGD(KVStoreBase):
         else:
             keys, values, outs = [key], [_as_list(value)], [_as_list(out)]
         plan = self.planner.plan(keys, values, outs, self.local, self.global_step)
-        self._register_packings()
-        self._sync_learning_rate()
-        self._sync_multipliers(plan)
+        self.settings.before_step(self.planner, plan, self.global_optimizer)
         # One call is one global step of all its keys: a key that was not pushed for a while
         # (a frozen layer trained again) takes the step of the others.
         step = max(group.global_step for group, _ in plan.groups)
@@ -273,37 +263,9 @@ class DistODSGD(KVStoreBase):
         check_whole_arrays(optimizer, self.planner.split_groups())
         self.raw.set_optimizer(servers.ServerOptimizer(_server_safe(optimizer)))
         self.global_optimizer = optimizer
-        self._server_lr = optimizer.lr
-        self._server_multipliers = {}
+        self.settings.optimizer_sent(optimizer)
         self.planner.forget_plans()
         self.local = local
-
-    def _sync_learning_rate(self):
-        """Sends a learning rate set on the worker (Trainer.set_learning_rate) to the servers,
-        which MXNet's dist stores never do (apache/mxnet#15919)."""
-        lr = self.global_optimizer.lr
-        if lr == self._server_lr or self.global_optimizer.lr_scheduler is not None:
-            return
-        # Steps already pushed keep the old rate: let them reach the servers first (a rare
-        # stall: learning rates change once an epoch or so).
-        mx.nd.waitall()
-        servers.send_command(self.raw, servers.learning_rate_command(lr))
-        self._server_lr = lr
-        LOG.info("odsgd: learning rate %g sent to the servers", lr)
-
-    def _sync_multipliers(self, plan):
-        """Sends Gluon Parameters' lr_mult / wd_mult to the servers when they are new or
-        changed (odsgd/rates.py: the pickled optimizer loses them)."""
-        changed = {}
-        for position, (group, _) in enumerate(plan.groups):
-            for index, param in zip(group.indices, plan.params[position]):
-                if param is not None and \
-                        self._server_multipliers.get(index) != (param.lr_mult, param.wd_mult):
-                    changed[index] = (param.lr_mult, param.wd_mult)
-        if changed:
-            mx.nd.waitall()   # steps already pushed keep the multipliers they were made with
-            servers.send_command(self.raw, servers.multipliers_command(changed))
-            self._server_multipliers.update(changed)
 
     def set_gradient_compression(self, compression_params):
         """Refused (type 'none' aside): MXNet 1.9's dist store compresses every push of the

@@ -8,8 +8,9 @@ them, so that the local step (SPEC.md section 2) uses the rates the global updat
   wd_mult of 0, and symbol attributes such as `mx.AttrScope(lr_mult=...)` land here).
   MXNet pickles the optimizer without `param_dict` (`Optimizer.__getstate__`), so with plain
   `dist_sync` Gluon's `Parameter.lr_mult` / `wd_mult` never reach the servers and are
-  silently ignored there; dist_odsgd sends them as index multipliers (kvstore.py,
-  `_sync_multipliers`), so the servers apply what the user set.
+  silently ignored there; dist_odsgd sends them as index multipliers
+  (odsgd/server_settings.py, `ServerSettings.send_multipliers`), so the servers apply what
+  the user set.
 * `global_learning_rate(optimizer, step)`: the rate of global update `step`, counted as the
   servers count it (`begin_num_update` included).
 * `ScheduleAtAnyCount`: a schedule asked at counts in any order gives what it gives when asked
