@@ -24,13 +24,14 @@ operation with its start and its end; an asynchronous operation (the dist kvstor
 pull) ends in its completion callback, i.e. when the server's answer arrived, so its span is
 the time it was in flight. The names, by kind:
 
-* push: `KVStoreDistDefaultPush` (kv.push; dist_odsgd pushes this way). Under dist_sync's
-  servers the answer to a push comes once every worker's push of that round was applied.
-* pull: `KVStoreDistDefaultStoragePull` (kv.pull; dist_odsgd).
+* push: `KVStoreDistDefaultPush` (kv.push). Under dist_sync's servers the answer to a push
+  comes once every worker's push of that round was applied.
+* pull: `KVStoreDistDefaultStoragePull` (kv.pull).
 * pushpull: `KVStoreDistDefaultStoragePushPull`: Gluon's Trainer under dist_sync and
-  dist_async sends each key's gradient and receives its new weights in one request
-  (ps-lite's ZPushPull), one operation from the gradient's send to the weights' arrival:
-  push and pull are in flight together, and the trace cannot split them.
+  dist_async, and dist_odsgd's rounds (one per part of a key group, odsgd/exchange.py), send
+  a key's gradient and receive its new weights in one request (ps-lite's ZPushPull), one
+  operation from the gradient's send to the weights' arrival: push and pull are in flight
+  together, and the trace cannot split them.
 * local_update: the project's fused local update operators (`odsgd_multi_*update`).
 * copy: `CopyCPU2CPU` and the other `Copy*` operations, the store's packing of key groups
   (`odsgd_gather`, `odsgd_scatter`).
