@@ -135,8 +135,11 @@ def test_many_array_models_run_in_every_mode(tmp_path, model, extra):
     for r in runs:
         assert r["parameter_arrays"] == arrays
         # Every process's CPU in the timed window: workers and the server show up, and the
-        # job cannot use more cores than the machine has (10% for sampling error).
+        # job cannot use more cores than the machine has (10% for sampling error, and the
+        # clock-tick resolution of /proc's CPU times over this window of 3 short steps).
         assert {"worker", "server"} <= set(r["cores_in_use_by_role"]), r
-        assert 0 < r["cores_in_use"] <= 1.1 * len(os.sched_getaffinity(0))
+        assert 0 < r["cores_resolution"]
+        assert 0 < r["cores_in_use"] <= 1.1 * len(os.sched_getaffinity(0)) + \
+            r["cores_resolution"]
         assert r["cpu_bound_samples_per_sec"] >= r["samples_per_sec"] * 0.95
         assert r["bound_samples_per_sec"] == r["cpu_bound_samples_per_sec"]   # unshaped

@@ -137,7 +137,7 @@ def measure_comm(args, place):
 
 def measure_mode(args, mode, place):
     """(samples/s of the whole job, dist_odsgd overlap summaries or None, {role: cores in
-    use during the timed window})."""
+    use during the timed window}, the resolution of that figure in cores)."""
     meter = JobCPUMeter()
     with tempfile.TemporaryDirectory() as out, meter:
         env = dict(_env(args, mode), **meter.environment)
@@ -146,7 +146,8 @@ def measure_mode(args, mode, place):
         ranks = _read_ranks(out, args.workers)
     cores = window_cores(meter, ranks)
     overlap = [r["overlap"] for r in ranks if "overlap" in r]
-    return sum(r["samples_per_sec"] for r in ranks), overlap or None, cores
+    return (sum(r["samples_per_sec"] for r in ranks), overlap or None, cores,
+            window_resolution(meter, ranks))
 
 
 def window_cores(meter, ranks):
@@ -158,14 +159,30 @@ def window_cores(meter, ranks):
     each edge however short it is. {} for an empty window."""
     for r in ranks:
         meter.add_edge_samples(r.get("cpu_edges"))
+    start, end = _common_window(ranks)
+    if end <= start:
+        return {}
+    return {role: cpu / (end - start) for role, cpu in meter.cpu_in(start, end).items()}
+
+
+def _common_window(ranks):
+    """(start, end) of the window all workers were timing in (see window_cores)."""
     start = max(r["window"][0] for r in ranks)
     end = min(r["window"][1] for r in ranks)
     if end <= start:
         start = min(r["window"][0] for r in ranks)
         end = max(r["window"][1] for r in ranks)
+    return start, end
+
+
+def window_resolution(meter, ranks):
+    """How far window_cores' total can be off, in cores: /proc counts CPU time in clock ticks,
+    so each process's CPU seconds between two samples is off by less than one tick; over a
+    window of a few steps that is a visible share (4 processes over 50 ms: 0.8 cores)."""
+    start, end = _common_window(ranks)
     if end <= start:
-        return {}
-    return {role: cpu / (end - start) for role, cpu in meter.cpu_in(start, end).items()}
+        return None
+    return len(meter.samples) / float(os.sysconf("SC_CLK_TCK")) / (end - start)
 
 
 def run(args):
@@ -178,6 +195,7 @@ def run(args):
     for bandwidth in args.bandwidths:
         samples = {mode: [] for mode in args.mode_list}
         cores = {mode: [] for mode in args.mode_list}
+        resolutions = {mode: [] for mode in args.mode_list}
         overlaps = []
         with job_placement(args.topology, bandwidth, args.workers, args.servers) as place:
             t_comm = measure_comm(args, place)
@@ -188,15 +206,17 @@ def run(args):
                     args.mode_list[:repeat % len(args.mode_list)]
                 for mode in order:
                     tic = time.time()
-                    rate, overlap, used = measure_mode(args, mode, place)
+                    rate, overlap, used, resolution = measure_mode(args, mode, place)
                     samples[mode].append(rate)
                     cores[mode].append(used)
+                    resolutions[mode].append(resolution)
                     if overlap:
                         overlaps.extend(overlap)
                     print("[%s] repeat %d/%d  %-10s %8.1f samples/s  %.2f cores  (%.0f s)"
                           % (_bw(bandwidth), repeat + 1, args.repeats, mode, rate,
                              sum(used.values()), time.time() - tic), flush=True)
-        runs.extend(_summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores))
+        runs.extend(_summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores,
+                               resolutions))
     return runs
 
 
@@ -344,7 +364,7 @@ def prediction_fields(entry, per_step, bandwidth_mbit):
             "predicted_samples_per_sec": per_step / step}
 
 
-def _summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores):
+def _summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores, resolutions=None):
     per_step = args.workers * args.batch_size
     t_comp = compute["t_comp"]
     link = link_fields(args.topology, args.workers, args.servers, compute["parameter_bytes"],
@@ -366,6 +386,8 @@ def _summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores):
         entry.update(cpu_summary(rates, cores[mode], args.cores, per_step,
                                  link["wire_seconds"], link["half_duplex_wire_seconds"]),
                      parameter_arrays=compute["parameter_arrays"])
+        known = [r for r in (resolutions or {}).get(mode, []) if r is not None]
+        entry["cores_resolution"] = statistics.median(known) if known else None
         if mode == "dist_odsgd":
             entry.update(prediction_fields(entry, per_step, bandwidth))
         if mode == "dist_odsgd" and overlaps:
