@@ -110,6 +110,30 @@ def test_odsgd_step_model_closed_forms(t_comp, one_direction, push, pull, step):
 
 
 @pytest.mark.timeout(30)
+def test_step_model_waits_for_the_last_keys_answer_only():
+    """With the step's keys sent as separate requests, the chain holds the whole push and the
+    largest key's share of the pull: (16 + 0.25 * 16 + 30) / 2 = 25 against 31 for one key."""
+    from odsgd.bench import throughput
+    assert throughput.odsgd_step_seconds(30.0, 16.0, 16.0, 16.0, 0.25) == pytest.approx(30.0)
+    assert throughput.odsgd_step_seconds(20.0, 16.0, 16.0, 16.0, 0.25) == pytest.approx(20.0)
+    assert throughput.odsgd_step_seconds(20.0, 8.0, 16.0, 16.0, 0.5) == pytest.approx(22.0)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("sizes,fusion,parts,share", [
+    ([1048576, 1024, 1048576, 1024, 10240, 10], 65536, 262144, 262144 / 2109450.0),
+    ([1048576, 1024, 1048576, 1024, 10240, 10], 65536, 0, 1048576 / 2109450.0),
+    ([100, 100, 100, 100], 250, 0, 200 / 400.0),     # two fused keys of two arrays
+    ([100, 100, 100, 100], 250, 150, 100 / 400.0),   # each cut in two parts of 100
+    ([300], 0, 100, 100 / 300.0),                    # equal parts
+    ([301], 0, 100, 76 / 301.0),                     # four parts: 76, 75, 75, 75
+])
+def test_largest_key_share(sizes, fusion, parts, share):
+    from odsgd.bench import throughput
+    assert throughput.largest_key_share(sizes, fusion, parts) == pytest.approx(share)
+
+
+@pytest.mark.timeout(30)
 @pytest.mark.parametrize("topology,workers,servers,push_ms", [
     ("hosts", 2, 1, 16.0),      # into the server NIC: 2 M; out of it (pulls): 2 M
     ("hosts", 4, 2, 16.0),      # each server NIC: 4 M / 2 each way
@@ -172,7 +196,7 @@ def test_predicted_rate_of_dist_odsgd(capsys):
                if "dist_odsgd" in line and "Mbit/s" in line)
     # 6451.6 predicted; median 7000 measured: 7000 * 0.031 / 200 = 1.085 of it
     assert "6451.6" in row and row.split()[-1] == "%.2f" % (7000 * 0.031 / 200)
-    assert "T = max(t_comp, t_link, (push + pull + t_comp) / 2) = 31.0 ms" in table
+    assert "T = max(t_comp, t_link, (push + s * pull + t_comp) / 2) = 31.0 ms" in table
 
 
 def namespaces():
@@ -235,8 +259,10 @@ def test_throughput_benchmark_tiny(tmp_path):
         if r["mode"] == "dist_odsgd" and r["bandwidth_mbit"] == BANDWIDTH:
             t_comp = max(r["t_comp"], r["cpu_seconds_per_step"] / r["cores"])
             one_way = WORKERS * r["parameter_bytes"] / r["link_bytes_per_sec"]
+            share = r["largest_key_share"]
+            assert 0 < share <= 1
             assert r["predicted_samples_per_sec"] == pytest.approx(
-                WORKERS * 16 / max(t_comp, 2 * one_way, (2 * one_way + t_comp) / 2))
+                WORKERS * 16 / max(t_comp, 2 * one_way, (one_way + share * one_way + t_comp) / 2))
         else:
             assert "predicted_samples_per_sec" not in r
     od = next(r for r in runs if r["mode"] == "dist_odsgd" and r["bandwidth_mbit"] == 0)

@@ -23,7 +23,8 @@ own; 0 = unshaped) it measures:
   JSON also keeps the half-duplex figures (half_duplex_*: a NIC's pushes and pulls counted on
   one medium, the two-direction count of earlier versions);
 * for dist_odsgd, the rate its step model predicts (predicted_samples_per_sec, shaped links
-  only): T = max(t_comp, t_link, (push + pull + t_comp) / 2), see odsgd_step_seconds.
+  only): T = max(t_comp, t_link, (push + s * pull + t_comp) / 2), s the largest server key's
+  share of the parameters; see odsgd_step_seconds.
 
 Writes a table to the console, --json FILE (key "runs", one entry per mode and bandwidth) and
 a PNG plot beside it.
@@ -36,6 +37,7 @@ import sys
 import tempfile
 import time
 
+from .. import config as store_config
 from .cpu_meter import JobCPUMeter
 from .jobs import (TOPOLOGIES, TOPOLOGY_HELP, JobFailed, job_environment, job_placement,
                    link_bytes_per_sec, link_step_seconds, run_job, step_wire_bytes)
@@ -313,22 +315,42 @@ def push_pull_seconds(topology, workers, servers, parameter_bytes, bandwidth_mbi
     raise ValueError("topology must be one of %s, got %r" % (", ".join(TOPOLOGIES), topology))
 
 
-def odsgd_step_seconds(t_comp, one_direction, push, pull):
+def odsgd_step_seconds(t_comp, one_direction, push, pull, last_share=1.0):
     """dist_odsgd's step time in its model: T = max(t_comp, one_direction,
-    (push + pull + t_comp) / 2).
+    (push + last_share * pull + t_comp) / 2).
 
     Each of the three is a lower bound: a worker computes one step after another (t_comp);
     the busiest queue carries one step's bytes in each step (one_direction, the link bound's
     t_link); and with the one-step delay, step t's push, the servers' answer to it (its
     pull) and the computation of the step that needs those weights (step t + 2 starts from
-    round t's global weights) form a chain that two steps' time must hold:
-    t_comp + push + pull <= 2 T."""
-    return max(t_comp, one_direction, (push + pull + t_comp) / 2.0)
+    round t's global weights) form a chain that two steps' time must hold. The step's keys
+    travel as separate requests (odsgd/exchange.py), so the answers of the first keys come
+    back while the later keys' gradients still go out: the chain waits for the whole push
+    and the answer of the last key only, `last_share` of the pull (the largest key's share of
+    the parameters, largest_key_share; 1 for one key):
+    t_comp + push + last_share * pull <= 2 T."""
+    return max(t_comp, one_direction, (push + last_share * pull + t_comp) / 2.0)
 
 
-def predicted_samples_per_sec(per_step, t_comp, one_direction, push, pull):
+def predicted_samples_per_sec(per_step, t_comp, one_direction, push, pull, last_share=1.0):
     """Samples/s of the whole job (`per_step` = N B samples a step) at odsgd_step_seconds."""
-    return per_step / odsgd_step_seconds(t_comp, one_direction, push, pull)
+    return per_step / odsgd_step_seconds(t_comp, one_direction, push, pull, last_share)
+
+
+def largest_key_share(sizes, fusion_elements, part_elements):
+    """The largest server key's share of the parameters (elements) when dist_odsgd packs
+    arrays of `sizes` elements (in the store's order) into key groups of at most
+    `fusion_elements` and cuts each into parts of at most `part_elements`
+    (odsgd/key_plan.py, odsgd/key_groups.py); 1.0 for no arrays."""
+    from ..key_groups import part_bounds
+    from ..key_plan import plan_fusion
+    total = sum(sizes)
+    if not total:
+        return 1.0
+    groups = plan_fusion(sizes, [None] * len(sizes), fusion_elements)
+    largest = max(size for group in groups
+                  for _, size in part_bounds(sum(sizes[p] for p in group), part_elements))
+    return largest / float(total)
 
 
 def model_compute_seconds(t_comp, cpu_seconds_per_step=None, cores=None):
@@ -357,10 +379,12 @@ def prediction_fields(entry, per_step, bandwidth_mbit):
     push, pull = times
     t_comp = model_compute_seconds(entry["t_comp"], entry.get("cpu_seconds_per_step"),
                                    entry.get("cores"))
-    step = odsgd_step_seconds(t_comp, entry["wire_seconds"], push, pull)
+    share = entry.get("largest_key_share") or 1.0
+    step = odsgd_step_seconds(t_comp, entry["wire_seconds"], push, pull, share)
     return {"predicted_t_comp": t_comp, "predicted_push_seconds": push,
-            "predicted_pull_seconds": pull, "predicted_step_seconds": step,
-            "predicted_formula": "max(t_comp, t_link, (push + pull + t_comp) / 2)",
+            "predicted_pull_seconds": pull, "predicted_last_share": share,
+            "predicted_step_seconds": step,
+            "predicted_formula": "max(t_comp, t_link, (push + s * pull + t_comp) / 2)",
             "predicted_samples_per_sec": per_step / step}
 
 
@@ -389,6 +413,10 @@ def _summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores, resol
         known = [r for r in (resolutions or {}).get(mode, []) if r is not None]
         entry["cores_resolution"] = statistics.median(known) if known else None
         if mode == "dist_odsgd":
+            if compute.get("parameter_sizes"):
+                entry["largest_key_share"] = largest_key_share(
+                    compute["parameter_sizes"], store_config.fusion_elements(),
+                    store_config.part_elements())
             entry.update(prediction_fields(entry, per_step, bandwidth))
         if mode == "dist_odsgd" and overlaps:
             waits = [o["mean_wait_s"] for o in overlaps if o["mean_wait_s"] is not None]
@@ -431,11 +459,12 @@ def print_table(runs):
                      _rate(predicted), "%.2f" % (rate / predicted) if predicted else "-"))
             if predicted:
                 print("%-12s %-11s %8s   predicted: T = %s = %.1f ms (t_comp %.1f ms, "
-                      "t_link %.1f ms, push %.1f ms, pull %.1f ms)"
+                      "t_link %.1f ms, push %.1f ms, pull %.1f ms, s %.2f)"
                       % ("", "", "", r["predicted_formula"],
                          1e3 * r["predicted_step_seconds"], 1e3 * r["predicted_t_comp"],
                          1e3 * r["wire_seconds"], 1e3 * r["predicted_push_seconds"],
-                         1e3 * r["predicted_pull_seconds"]))
+                         1e3 * r["predicted_pull_seconds"],
+                         r.get("predicted_last_share", 1.0)))
         any_run = next(iter(modes.values()))
         print("%-12s %-11s %8.1f   t_comp %.1f ms, t_comm %.1f ms; SSGD bound %.1f"
               % ("", "ideal", any_run["ideal_samples_per_sec"], 1e3 * any_run["t_comp"],

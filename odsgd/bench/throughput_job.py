@@ -143,7 +143,8 @@ def measure_compute(args):
     seconds, window = timed(step, args.skip, args.steps)
     trained = [p.data() for p in net.collect_params().values() if p.grad_req != "null"]
     return dict(window, t_comp=seconds, parameter_arrays=len(trained),
-                parameter_bytes=sum(w.size * w.dtype(0).itemsize for w in trained)), 0
+                parameter_bytes=sum(w.size * w.dtype(0).itemsize for w in trained),
+                parameter_sizes=[int(w.size) for w in trained]), 0
 
 
 def measure_comm(args):
