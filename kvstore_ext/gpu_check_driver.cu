@@ -17,6 +17,9 @@
  *       sizes P N_0 ... N_{P-1}
  *       lrs L_0 ... / wds D_0 ... / prev_decays Q_0 ... / own_scales S_0 ... /
  *       prev_scales R_0 ...                          (P numbers each)
+ *       overwrite OVERWRITE                          (optional, 0 or 1; 1 needs LAM = 0 and
+ *                                                     ADAPTIVE = 0: the weights are then
+ *                                                     written, never read)
  *     Gather reads the weights into flat; scatter writes flat into the weights.
  *   odsgd_gpu_check bench REPEATS N_0 ... N_{P-1}
  *     Times, with CUDA events, a device-to-device copy of N = N_0 + ... + N_{P-1} floats,
@@ -81,7 +84,7 @@ MultiKind KindOf(const std::string& name) {
 /*! \brief One call, as case.txt describes it. */
 struct Case {
   MultiKind kind = MultiKind::kLocal;
-  bool clip = false, adaptive = false, send = false, previous = false;
+  bool clip = false, adaptive = false, send = false, previous = false, overwrite = false;
   UpdateParams p{};
   std::vector<int64_t> sizes;
   std::vector<float> lrs, wds, prev_decays, own_scales, prev_scales;
@@ -99,6 +102,8 @@ Case ReadCase(const std::string& path) {
       c.kind = KindOf(name);
     } else if (key == "flags") {
       in >> c.clip >> c.adaptive >> c.send >> c.previous;
+    } else if (key == "overwrite") {
+      in >> c.overwrite;
     } else if (key == "hyper") {
       double h[6];
       for (double& x : h) in >> x;
@@ -128,6 +133,9 @@ Case ReadCase(const std::string& path) {
   c.prev_decays.resize(c.sizes.size(), 0.0f);
   c.own_scales.resize(c.sizes.size(), 0.0f);
   c.prev_scales.resize(c.sizes.size(), 0.0f);
+  if (c.overwrite && (c.adaptive || c.p.lam != 0.0f)) {
+    Fail("overwrite 1 needs lam 0 and adaptive 0 in " + path);
+  }
   return c;
 }
 
@@ -162,7 +170,7 @@ void Call(const Case& c, const odsgd::HostSegmentTable& table, void* device_tabl
               "table upload");
   CheckLaunch(odsgd::LaunchMultiCuda(c.kind, table.tiles, static_cast<int>(c.sizes.size()),
                                      device_table, c.p, c.clip, c.adaptive, c.send,
-                                     c.previous, flat, stream),
+                                     c.previous, c.overwrite, flat, stream),
               "LaunchMultiCuda");
 }
 

@@ -154,11 +154,25 @@ ODSGD_HOST_DEVICE float NagPredictStep(const UpdateParams& p, float w, float gra
 }
 
 /*!
+ * \brief The old local weight w_t of element i, as the update kinds read it: w[i], or with
+ *  kOverwrite W_t itself (global_w[i]), and then w is never read. Every kind reads w_t only
+ *  in the compensation term lam c g g (W - w), which kOverwrite makes 0 * c g g * 0: with
+ *  lam = 0 (which kOverwrite requires: the operator refuses overwrite=1 otherwise) it is
+ *  zero either way, for any finite w_t, and the result is the same. With kOverwrite the
+ *  weights need not be operator inputs, only outputs (multi_update_op.cc, `overwrite`).
+ */
+template <bool kOverwrite>
+ODSGD_HOST_DEVICE float WeightAt(int64_t i, const float* w, const float* global_w) {
+  return kOverwrite ? global_w[i] : w[i];
+}
+
+/*!
  * \brief One element i of the local SGD step on whole arrays: the loop body of the CPU
  *  kernels and of the CUDA kernels alike. With kSend it also writes the raw gradient to
- *  send[i] (the store's push buffer), so the copy costs no pass of its own.
+ *  send[i] (the store's push buffer), so the copy costs no pass of its own. With kOverwrite
+ *  w is only written (WeightAt).
  */
-template <bool kClip, bool kAdaptive, bool kSend>
+template <bool kClip, bool kAdaptive, bool kSend, bool kOverwrite>
 ODSGD_HOST_DEVICE void LocalUpdateAt(int64_t i, const UpdateParams& p, float* w,
                                      const float* grad, const float* global_w, float* mom,
                                      float* var, float* send) {
@@ -166,14 +180,15 @@ ODSGD_HOST_DEVICE void LocalUpdateAt(int64_t i, const UpdateParams& p, float* w,
   if (kSend) send[i] = raw;
   float m = mom[i];
   float v = kAdaptive ? var[i] : 0.0f;
-  w[i] = LocalStep<kClip, kAdaptive>(p, w[i], raw, global_w[i], &m, &v);
+  w[i] = LocalStep<kClip, kAdaptive>(p, WeightAt<kOverwrite>(i, w, global_w), raw, global_w[i],
+                                     &m, &v);
   mom[i] = m;
   if (kAdaptive) var[i] = v;
 }
 
 /*! \brief One element i of the 'predict' step on whole arrays (see LocalUpdateAt); `est`
  *  (the last change of the global weights) is only touched when kPrev. */
-template <bool kClip, bool kAdaptive, bool kSend, bool kPrev>
+template <bool kClip, bool kAdaptive, bool kSend, bool kPrev, bool kOverwrite>
 ODSGD_HOST_DEVICE void PredictUpdateAt(int64_t i, const UpdateParams& p, float* w,
                                        const float* grad, const float* global_w,
                                        const float* prev_global_w, float* est, float* var,
@@ -182,15 +197,15 @@ ODSGD_HOST_DEVICE void PredictUpdateAt(int64_t i, const UpdateParams& p, float* 
   if (kSend) send[i] = raw;
   float e = kPrev ? est[i] : 0.0f;
   float v = kAdaptive ? var[i] : 0.0f;
-  w[i] = PredictStep<kClip, kAdaptive, kPrev>(p, w[i], raw, global_w[i], prev_global_w[i], &e,
-                                              &v);
+  w[i] = PredictStep<kClip, kAdaptive, kPrev>(p, WeightAt<kOverwrite>(i, w, global_w), raw,
+                                              global_w[i], prev_global_w[i], &e, &v);
   if (kPrev) est[i] = e;
   if (kAdaptive) var[i] = v;
 }
 
 /*! \brief One element i of the NAG 'predict' step on whole arrays (see LocalUpdateAt);
  *  `est` is the estimate m of the servers' NAG state. */
-template <bool kClip, bool kAdaptive, bool kSend, bool kPrev>
+template <bool kClip, bool kAdaptive, bool kSend, bool kPrev, bool kOverwrite>
 ODSGD_HOST_DEVICE void NagPredictUpdateAt(int64_t i, const UpdateParams& p, float* w,
                                           const float* grad, const float* global_w,
                                           const float* prev_global_w, float* est, float* var,
@@ -199,8 +214,8 @@ ODSGD_HOST_DEVICE void NagPredictUpdateAt(int64_t i, const UpdateParams& p, floa
   if (kSend) send[i] = raw;
   float m = est[i];
   float v = kAdaptive ? var[i] : 0.0f;
-  w[i] = NagPredictStep<kClip, kAdaptive, kPrev>(p, w[i], raw, global_w[i], prev_global_w[i],
-                                                 &m, &v);
+  w[i] = NagPredictStep<kClip, kAdaptive, kPrev>(p, WeightAt<kOverwrite>(i, w, global_w), raw,
+                                                 global_w[i], prev_global_w[i], &m, &v);
   est[i] = m;
   if (kAdaptive) var[i] = v;
 }
@@ -219,22 +234,24 @@ constexpr bool kUsesEst =
  * \brief One element i of an update kind (kLocal, kPredict, kNagPredict) on whole arrays:
  *  `aux` is mom (kLocal, written) or prev_global_weight (the predicts, read only); `est` is
  *  only touched where kUsesEst, `var` only when kAdaptive, `send` only when kSend. kPrev (the
- *  predicts' estimate takes the previous round's sum) means nothing to kLocal.
+ *  predicts' estimate takes the previous round's sum) means nothing to kLocal. kOverwrite:
+ *  w is written, never read (WeightAt; the call has lam = 0).
  */
-template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend, bool kPrev>
+template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend, bool kPrev,
+          bool kOverwrite = false>
 ODSGD_HOST_DEVICE void UpdateAt(int64_t i, const UpdateParams& p, float* w, const float* grad,
                                 const float* global_w, float* aux, float* est, float* var,
                                 float* send) {
   static_assert(kKind == MultiKind::kLocal || kKind == MultiKind::kPredict ||
                 kKind == MultiKind::kNagPredict, "UpdateAt takes the update kinds only");
   if (kKind == MultiKind::kLocal) {
-    LocalUpdateAt<kClip, kAdaptive, kSend>(i, p, w, grad, global_w, aux, var, send);
+    LocalUpdateAt<kClip, kAdaptive, kSend, kOverwrite>(i, p, w, grad, global_w, aux, var, send);
   } else if (kKind == MultiKind::kPredict) {
-    PredictUpdateAt<kClip, kAdaptive, kSend, kPrev>(i, p, w, grad, global_w, aux, est, var,
-                                                    send);
+    PredictUpdateAt<kClip, kAdaptive, kSend, kPrev, kOverwrite>(i, p, w, grad, global_w, aux,
+                                                                est, var, send);
   } else {
-    NagPredictUpdateAt<kClip, kAdaptive, kSend, kPrev>(i, p, w, grad, global_w, aux, est, var,
-                                                       send);
+    NagPredictUpdateAt<kClip, kAdaptive, kSend, kPrev, kOverwrite>(i, p, w, grad, global_w, aux,
+                                                                   est, var, send);
   }
 }
 
@@ -268,6 +285,24 @@ void DispatchFlags(bool clip, bool adaptive, bool send, bool previous, Fn fn) {
         }
       });
     });
+  });
+}
+
+/*! \brief DispatchFlags with the overwrite flag as well: fn(kclip, kadaptive, ksend,
+ *  kprevious, koverwrite). Overwrite requires lam = 0, where v is never read, and the
+ *  operator refuses it with adaptive=1: overwrite is only instantiated without kAdaptive. */
+template <MultiKind kKind, typename Fn>
+void DispatchUpdateFlags(bool clip, bool adaptive, bool send, bool previous, bool overwrite,
+                         Fn fn) {
+  DispatchFlags<kKind>(clip, adaptive, send, previous,
+                       [&](auto kclip, auto kadaptive, auto ksend, auto kprevious) {
+    if constexpr (decltype(kadaptive)::value) {
+      fn(kclip, kadaptive, ksend, kprevious, std::false_type());
+    } else {
+      DispatchBool(overwrite, [&](auto koverwrite) {
+        fn(kclip, kadaptive, ksend, kprevious, koverwrite);
+      });
+    }
   });
 }
 
@@ -434,11 +469,12 @@ struct FlatArrays {
  * \brief One kernel over all arrays of a multi-array call: `tiles` blocks (the host table's
  *  tiles[P]; 0 launches nothing). `device_table` is the SegmentTable block of `num` arrays
  *  in device memory; `p` gives the shared hyper-parameters (each array's lr, wd,
- *  prev_decay, own_scale and prev_scale come from the table); `previous`: kPrev.
+ *  prev_decay, own_scale and prev_scale come from the table); `previous`: kPrev;
+ *  `overwrite`: kOverwrite (the weights are only written; never with `adaptive`).
  */
 int LaunchMultiCuda(MultiKind kind, int64_t tiles, int num, const void* device_table,
                     const UpdateParams& p, bool clip, bool adaptive, bool send, bool previous,
-                    const FlatArrays& flat, void* stream);
+                    bool overwrite, const FlatArrays& flat, void* stream);
 /*! \brief Asynchronous copy of `bytes` bytes on `stream`, device to device. */
 int CopyDeviceAsync(void* dst, const void* src, int64_t bytes, void* stream);
 /*! \brief Asynchronous copy of `bytes` bytes on `stream`, host (pageable) to device; the

@@ -12,7 +12,8 @@
  * local_update_kernels.h, shared with the CPU kernels. Block b covers tile b of the call: a
  * run of kCudaTileElements elements inside one array (local_update_kernels.h), whose array
  * it finds once, by a binary search of the table's tile starts (a few loads of a table that
- * stays in the L1 cache); an element never searches.
+ * stays in the L1 cache); an element never searches. With overwrite (kOverwrite) the weights
+ * are written, never loaded (WeightAt).
  */
 #include <cuda_runtime.h>
 
@@ -32,7 +33,7 @@ namespace {
  *  store itself (it cannot tell that the arrays do not overlap; the operator refuses arrays
  *  that do, except a weight updated in place, which is read and written at the same i).
  */
-template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend, bool kPrev>
+template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend, bool kPrev, bool kOverwrite>
 __device__ __forceinline__ void UpdateTile(int64_t begin, int64_t end, const UpdateParams& p,
                                            float* w, const float* grad, const float* global_w,
                                            float* aux, float* est, float* var, float* send) {
@@ -44,7 +45,7 @@ __device__ __forceinline__ void UpdateTile(int64_t begin, int64_t end, const Upd
   for (int r = 0; r < kR; ++r) {
     const int64_t i = begin + static_cast<int64_t>(r) * kCudaThreadsPerBlock;
     if (i < end) {
-      rw[r] = w[i];
+      if (!kOverwrite) rw[r] = w[i];
       rgrad[r] = grad[i];
       rglobal[r] = global_w[i];
       raux[r] = aux[i];
@@ -57,8 +58,8 @@ __device__ __forceinline__ void UpdateTile(int64_t begin, int64_t end, const Upd
     const int64_t i = begin + static_cast<int64_t>(r) * kCudaThreadsPerBlock;
     if (i < end) {
       // The same per-element code as the CPU, on this thread's registers.
-      UpdateAt<kKind, kClip, kAdaptive, kSend, kPrev>(r, p, rw, rgrad, rglobal, raux, rest,
-                                                      rvar, rsend);
+      UpdateAt<kKind, kClip, kAdaptive, kSend, kPrev, kOverwrite>(r, p, rw, rgrad, rglobal, raux,
+                                                                  rest, rvar, rsend);
       w[i] = rw[r];
       if (kWritesAux) aux[i] = raux[r];
       if (kEst) est[i] = rest[r];
@@ -86,7 +87,7 @@ __device__ __forceinline__ void CopyTile(int64_t begin, int64_t end, const float
 
 /*! \brief All arrays of a multi-array call, one tile per block; kKind picks update,
  *  gather or scatter. */
-template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend, bool kPrev>
+template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend, bool kPrev, bool kOverwrite>
 __global__ void __launch_bounds__(kCudaThreadsPerBlock)
     MultiKernel(int num, const void* __restrict__ table_block, UpdateParams p, FlatArrays f) {
   const SegmentTable t = ViewSegmentTable(table_block, num);
@@ -106,20 +107,21 @@ __global__ void __launch_bounds__(kCudaThreadsPerBlock)
     float* est = kUsesEst<kKind, kPrev> ? f.est + off : f.est;
     float* var = kAdaptive ? f.var + off : f.var;
     float* send = kSend ? f.send + off : f.send;
-    UpdateTile<kKind, kClip, kAdaptive, kSend, kPrev>(begin, end, ParamsOf(p, t, k), t.out[k],
-                                                      t.in[k], f.global_w + off, f.aux + off,
-                                                      est, var, send);
+    UpdateTile<kKind, kClip, kAdaptive, kSend, kPrev, kOverwrite>(
+        begin, end, ParamsOf(p, t, k), t.out[k], t.in[k], f.global_w + off, f.aux + off, est,
+        var, send);
   }
 }
 
 template <MultiKind kKind>
 void LaunchMulti(unsigned int blocks, cudaStream_t s, int num, const void* table,
                  const UpdateParams& p, bool clip, bool adaptive, bool send, bool previous,
-                 const FlatArrays& f) {
-  DispatchFlags<kKind>(clip, adaptive, send, previous,
-                       [&](auto kclip, auto kadaptive, auto ksend, auto kprevious) {
+                 bool overwrite, const FlatArrays& f) {
+  DispatchUpdateFlags<kKind>(clip, adaptive, send, previous, overwrite,
+                             [&](auto kclip, auto kadaptive, auto ksend, auto kprevious,
+                                 auto koverwrite) {
     MultiKernel<kKind, decltype(kclip)::value, decltype(kadaptive)::value,
-                decltype(ksend)::value, decltype(kprevious)::value>
+                decltype(ksend)::value, decltype(kprevious)::value, decltype(koverwrite)::value>
         <<<blocks, kCudaThreadsPerBlock, 0, s>>>(num, table, p, f);
   });
 }
@@ -128,7 +130,7 @@ void LaunchMulti(unsigned int blocks, cudaStream_t s, int num, const void* table
 
 int LaunchMultiCuda(MultiKind kind, int64_t tiles, int num, const void* device_table,
                     const UpdateParams& p, bool clip, bool adaptive, bool send, bool previous,
-                    const FlatArrays& flat, void* stream) {
+                    bool overwrite, const FlatArrays& flat, void* stream) {
   if (tiles == 0) return 0;
   // A grid has at most 2^31 - 1 blocks: 2.2e12 elements, far beyond any GPU's memory.
   if (tiles > INT_MAX) return static_cast<int>(cudaErrorInvalidConfiguration);
@@ -137,23 +139,23 @@ int LaunchMultiCuda(MultiKind kind, int64_t tiles, int num, const void* device_t
   switch (kind) {
     case MultiKind::kLocal:
       LaunchMulti<MultiKind::kLocal>(blocks, s, num, device_table, p, clip, adaptive, send,
-                                     false, flat);
+                                     false, overwrite, flat);
       break;
     case MultiKind::kPredict:
       LaunchMulti<MultiKind::kPredict>(blocks, s, num, device_table, p, clip, adaptive, send,
-                                       previous, flat);
+                                       previous, overwrite, flat);
       break;
     case MultiKind::kNagPredict:
       LaunchMulti<MultiKind::kNagPredict>(blocks, s, num, device_table, p, clip, adaptive,
-                                          send, previous, flat);
+                                          send, previous, overwrite, flat);
       break;
     case MultiKind::kGather:
       // Copies take no flags: one instantiation each.
-      MultiKernel<MultiKind::kGather, false, false, false, false>
+      MultiKernel<MultiKind::kGather, false, false, false, false, false>
           <<<blocks, kCudaThreadsPerBlock, 0, s>>>(num, device_table, p, flat);
       break;
     case MultiKind::kScatter:
-      MultiKernel<MultiKind::kScatter, false, false, false, false>
+      MultiKernel<MultiKind::kScatter, false, false, false, false, false>
           <<<blocks, kCudaThreadsPerBlock, 0, s>>>(num, device_table, p, flat);
       break;
   }

@@ -29,6 +29,16 @@
  *     array, array k with lr = lrs[k], wd = wds[k] and prev_decay = prev_decays[k] (lr * wd
  *     of the servers' round that produced global_flat); est_flat (the estimate of the
  *     servers' NAG state) updated in place. own_scales, previous and prev_scales as above.
+ *   With overwrite=1 (only with lam=0 and adaptive=0) the weights are outputs only: the
+ *   inputs are grads[P] followed by the flat arrays, and the kernels take W_t where they
+ *   would read w_t (WeightAt in local_update_kernels.h), which only the compensation term
+ *   reads, so the result is the same. MXNet then hands the weights over as kWriteTo
+ *   outputs, not kWriteInplace ones, and its engine drops an MKL-DNN layout of a kWriteTo
+ *   output before running the operator (imperative_utils.h PushFComputeEx, InvalidateOutputs
+ *   in mkldnn_base-inl.h), so a weight that an inference forward reordered into an MKL-DNN
+ *   layout needs no reorder first (see odsgd/native/layout.py). Without overwrite a weight
+ *   in an MKL-DNN layout fails in MXNet's dispatcher ("We can't generate TBlob for MKLDNN
+ *   data"): it is both input and output.
  *   With send=1 the updates have one more output, send_flat, and write send_flat[off_k + i] =
  *   grads[k][i] (the raw gradient for the push) in the same pass. It is an output, not a
  *   mutable input, because MXNet's engine records a failure of the operator on its outputs
@@ -40,10 +50,11 @@
  *
  * Attributes: num_arrays (P >= 1); for the updates also lrs and wds (P comma-separated
  * numbers each), rescale_grad, clip_gradient (<= 0: off), momentum, lam, adaptive (0/1),
- * beta, eps, send (0/1); for both predicts own_scales (P numbers) and previous (0/1), with
- * previous=1 prev_scales (P numbers); prev_decays (P numbers) for the NAG predict and for the
- * predict with previous=1. var_flat is never touched when adaptive is 0, nor the predict's
- * est_flat when previous is 0: either may then be any float32 array (a 1-element placeholder).
+ * beta, eps, send (0/1), overwrite (0/1, may be left out: 0); for both predicts own_scales
+ * (P numbers) and previous (0/1), with previous=1 prev_scales (P numbers); prev_decays
+ * (P numbers) for the NAG predict and for the predict with previous=1. var_flat is never
+ * touched when adaptive is 0, nor the predict's est_flat when previous is 0: either may then
+ * be any float32 array (a 1-element placeholder).
  */
 #include <algorithm>
 #include <cstdint>
@@ -64,7 +75,8 @@ using mxnet::ext::OpResource;
 namespace odsgd {
 namespace {
 
-// Input positions after the 2P arrays (weights, grads) of the update operators.
+// Input positions after the arrays (weights and grads, or with overwrite=1 grads only) of the
+// update operators.
 constexpr int kFlatGlobal = 0;
 constexpr int kFlatAux = 1;    // mom_flat (local) or prev_global_flat (predict)
 constexpr int kFlatVar = 2;
@@ -101,22 +113,11 @@ std::string FlatName(MultiKind kind, int which) {
   return (kind == MultiKind::kLocal ? local : predict)[which];
 }
 
-/*! \brief Name of input `i` for messages. */
-std::string InputName(MultiKind kind, int num, int i) {
-  if (kind == MultiKind::kGather) return "arrays[" + std::to_string(i) + "]";
-  if (kind == MultiKind::kScatter) {
-    return i == 0 ? std::string("flat") : "arrays[" + std::to_string(i - 1) + "]";
-  }
-  if (i < num) return "weights[" + std::to_string(i) + "]";
-  if (i < 2 * num) return "grads[" + std::to_string(i - num) + "]";
-  return FlatName(kind, i - 2 * num);
-}
-
 std::vector<const char*> AttrNames(MultiKind kind) {
   if (!IsUpdate(kind)) return {"num_arrays"};
   std::vector<const char*> names = {"num_arrays", "lrs", "wds", "rescale_grad",
                                     "clip_gradient", "momentum", "lam", "adaptive",
-                                    "beta", "eps", "send"};
+                                    "beta", "eps", "send", "overwrite"};
   if (IsPredict(kind)) {
     names.insert(names.end(), {"own_scales", "previous", "prev_scales", "prev_decays"});
   }
@@ -133,7 +134,27 @@ struct MultiConfig {
   bool adaptive = false;
   bool send = false;
   bool previous = false;      // predicts: the estimate takes the previous round's sum
+  bool overwrite = false;     // updates: the weights are outputs only (lam = 0)
 };
+
+// Where an update operator's inputs are: weights[P] (not with overwrite=1), grads[P], then
+// the flat arrays.
+int WeightInputs(const MultiConfig& cfg) { return cfg.overwrite ? 0 : cfg.num; }
+int GradInput(const MultiConfig& cfg, int k) { return WeightInputs(cfg) + k; }
+int FlatInput(const MultiConfig& cfg, int which) {
+  return WeightInputs(cfg) + cfg.num + which;
+}
+
+/*! \brief Name of input `i` for messages. */
+std::string InputName(MultiKind kind, const MultiConfig& cfg, int i) {
+  if (kind == MultiKind::kGather) return "arrays[" + std::to_string(i) + "]";
+  if (kind == MultiKind::kScatter) {
+    return i == 0 ? std::string("flat") : "arrays[" + std::to_string(i - 1) + "]";
+  }
+  if (i < WeightInputs(cfg)) return "weights[" + std::to_string(i) + "]";
+  if (i < GradInput(cfg, cfg.num)) return "grads[" + std::to_string(i - WeightInputs(cfg)) + "]";
+  return FlatName(kind, i - FlatInput(cfg, 0));
+}
 
 /*! \brief Whether a call reads est_flat: the NAG estimate always, the SGD predict's last
  *  weight change with previous=1 (the runtime face of kUsesEst). */
@@ -157,7 +178,8 @@ bool FlatIsRead(MultiKind kind, const MultiConfig& cfg, int which) {
  */
 enum class Parse {
   kValidate,   // ParseAttrs: every attribute, unknown names refused
-  kLayout,     // shape, type and mutate callbacks: num_arrays, adaptive, send, previous
+  kLayout,     // shape, type and mutate callbacks: num_arrays, adaptive, send, previous,
+               // overwrite
   kRun,        // forward: every value
 };
 
@@ -190,6 +212,7 @@ bool ParseConfig(const Attrs& attrs, MultiKind kind, Parse level, MultiConfig* c
   cfg->num = static_cast<int>(num);
   if (!IsUpdate(kind)) return true;
   if (IsPredict(kind) && !GetFlag(attrs, op, "previous", &cfg->previous)) return false;
+  if (!GetOptionalFlag(attrs, op, "overwrite", false, &cfg->overwrite)) return false;
   if (level == Parse::kLayout) {
     return GetFlag(attrs, op, "adaptive", &cfg->adaptive) &&
            GetFlag(attrs, op, "send", &cfg->send);
@@ -212,6 +235,14 @@ bool ParseConfig(const Attrs& attrs, MultiKind kind, Parse level, MultiConfig* c
     MX_ERROR_MSG << op << ": eps must be > 0 in adaptive mode, got " << eps;
     return false;
   }
+  if (cfg->overwrite && (lam != 0.0 || cfg->adaptive)) {
+    // The kernels then take W_t for w_t, which only the compensation term reads.
+    MX_ERROR_MSG << op << ": overwrite=1 needs lam=0 and adaptive=0 (the old weights are "
+                 << "then not read; the compensation term reads them), got lam=" << lam
+                 << ", adaptive=" << (cfg->adaptive ? 1 : 0)
+                 << "; pass the weights as inputs too (overwrite=0)";
+    return false;
+  }
   if (!GetFloatList(attrs, op, "lrs", num, &cfg->lrs) ||
       !GetFloatList(attrs, op, "wds", num, &cfg->wds) ||
       (IsPredict(kind) && !ParsePredictLists(attrs, kind, num, cfg))) {
@@ -222,10 +253,10 @@ bool ParseConfig(const Attrs& attrs, MultiKind kind, Parse level, MultiConfig* c
   return true;
 }
 
-int NumInputs(MultiKind kind, int num) {
-  if (kind == MultiKind::kGather) return num;
-  if (kind == MultiKind::kScatter) return num + 1;
-  return 2 * num + NumFlat(kind);
+int NumInputs(MultiKind kind, const MultiConfig& cfg) {
+  if (kind == MultiKind::kGather) return cfg.num;
+  if (kind == MultiKind::kScatter) return cfg.num + 1;
+  return FlatInput(cfg, NumFlat(kind));
 }
 
 int NumOutputs(MultiKind kind, const MultiConfig& cfg) {
@@ -240,7 +271,7 @@ template <MultiKind kKind>
 MXReturnValue ParseAttrs(const Attrs& attrs, int* num_in, int* num_out) {
   MultiConfig cfg;
   if (!ParseConfig(attrs, kKind, Parse::kValidate, &cfg)) return MX_FAIL;
-  *num_in = NumInputs(kKind, cfg.num);
+  *num_in = NumInputs(kKind, cfg);
   *num_out = NumOutputs(kKind, cfg);
   return MX_SUCCESS;
 }
@@ -254,7 +285,7 @@ MXReturnValue InferType(const Attrs& attrs, std::vector<int>* in_types,
     const int t = (*in_types)[i];
     // -1: not yet known (symbolic graphs); imperative calls always know every dtype.
     if (t != -1 && t != mxnet::ext::kFloat32) {
-      MX_ERROR_MSG << OpName(kKind) << ": input '" << InputName(kKind, cfg.num, i)
+      MX_ERROR_MSG << OpName(kKind) << ": input '" << InputName(kKind, cfg, i)
                    << "' has dtype code " << t << "; only float32 (code 0) is supported - "
                    << "use the NDArray fallback for other dtypes (odsgd.native.accepts() "
                    << "says which arrays the operators take)";
@@ -266,12 +297,15 @@ MXReturnValue InferType(const Attrs& attrs, std::vector<int>* in_types,
   return MX_SUCCESS;
 }
 
+/*! \brief `sizes` names what the total sums, for the message (with overwrite=1 the weights
+ *  are not inputs and their sizes are the gradients'). */
 bool CheckFlatShape(MultiKind kind, const std::string& name,
-                    const std::vector<unsigned int>& shape, int64_t total) {
+                    const std::vector<unsigned int>& shape, int64_t total,
+                    const char* sizes = "the arrays' sizes") {
   if (shape.size() != 1 || static_cast<int64_t>(shape[0]) != total) {
     MX_ERROR_MSG << OpName(kind) << ": '" << name << "' has shape " << ShapeString(shape)
-                 << " but must be 1-D of length " << total
-                 << " (the sum of the arrays' sizes, in their order)";
+                 << " but must be 1-D of length " << total << " (the sum of " << sizes
+                 << ", in their order)";
     return false;
   }
   return true;
@@ -298,20 +332,25 @@ MXReturnValue InferShape(const Attrs& attrs, std::vector<std::vector<unsigned in
     }
     return CheckFlatShape(kKind, "flat", in[0], total) ? MX_SUCCESS : MX_FAIL;
   }
+  // The weights' shapes: the gradients' (with overwrite=1 the weights are not inputs; MXNet
+  // checks the shapes given here against the output arrays).
   int64_t total = 0;
   for (int k = 0; k < num; ++k) {
-    if (in[num + k] != in[k]) {
+    const auto& grad = in[GradInput(cfg, k)];
+    if (!cfg.overwrite && grad != in[k]) {
       MX_ERROR_MSG << OpName(kKind) << ": grads[" << k << "] has shape "
-                   << ShapeString(in[num + k]) << " but weights[" << k << "] has shape "
+                   << ShapeString(grad) << " but weights[" << k << "] has shape "
                    << ShapeString(in[k]) << "; each gradient must have its weight's shape";
       return MX_FAIL;
     }
-    total += NumElements(in[k]);
-    (*out_shapes)[k] = in[k];
+    total += NumElements(grad);
+    (*out_shapes)[k] = grad;
   }
   for (int which = 0; which < NumFlat(kKind); ++which) {
     if (!FlatIsRead(kKind, cfg, which)) continue;   // never accessed: a placeholder will do
-    if (!CheckFlatShape(kKind, FlatName(kKind, which), in[2 * num + which], total)) {
+    if (!CheckFlatShape(kKind, FlatName(kKind, which), in[FlatInput(cfg, which)], total,
+                        cfg.overwrite ? "the gradients' sizes (overwrite=1)"
+                                      : "the arrays' sizes")) {
       return MX_FAIL;
     }
   }
@@ -327,10 +366,9 @@ MXReturnValue MutateInputs(const Attrs& attrs, std::vector<int>* input_indices) 
   if (!IsUpdate(kKind)) return MX_SUCCESS;
   MultiConfig cfg;
   if (!ParseConfig(attrs, kKind, Parse::kLayout, &cfg)) return MX_FAIL;
-  const int flat = 2 * cfg.num;
-  if (kKind == MultiKind::kLocal) input_indices->push_back(flat + kFlatAux);
-  if (cfg.adaptive) input_indices->push_back(flat + kFlatVar);
-  if (UsesEstFlat(kKind, cfg)) input_indices->push_back(flat + kFlatEst);
+  if (kKind == MultiKind::kLocal) input_indices->push_back(FlatInput(cfg, kFlatAux));
+  if (cfg.adaptive) input_indices->push_back(FlatInput(cfg, kFlatVar));
+  if (UsesEstFlat(kKind, cfg)) input_indices->push_back(FlatInput(cfg, kFlatEst));
   return MX_SUCCESS;
 }
 
@@ -354,7 +392,7 @@ void BuildTable(MultiKind kind, const MultiConfig& cfg, std::vector<MXTensor>* i
     s.out = static_cast<float*>((*outputs)[k].data_ptr);
     s.size = (*outputs)[k].size();
     if (IsUpdate(kind)) {
-      s.in = static_cast<const float*>((*inputs)[num + k].data_ptr);
+      s.in = static_cast<const float*>((*inputs)[GradInput(cfg, k)].data_ptr);
       s.lr = cfg.lrs[k];
       s.wd = cfg.wds[k];
       if (IsPredict(kind)) s.own_scale = cfg.own_scales[k];
@@ -374,7 +412,7 @@ bool CheckNoAliasing(MultiKind kind, const MultiConfig& cfg, std::vector<MXTenso
   spans.reserve(inputs->size() + outputs->size());
   if (kind == MultiKind::kGather) {
     spans.push_back(SpanOf((*outputs)[0], "out", true));
-    for (int k = 0; k < num; ++k) spans.push_back(SpanOf((*inputs)[k], InputName(kind, num, k),
+    for (int k = 0; k < num; ++k) spans.push_back(SpanOf((*inputs)[k], InputName(kind, cfg, k),
                                                          false));
   } else if (kind == MultiKind::kScatter) {
     spans.push_back(SpanOf((*inputs)[0], "flat", false));
@@ -384,16 +422,18 @@ bool CheckNoAliasing(MultiKind kind, const MultiConfig& cfg, std::vector<MXTenso
   } else {
     for (int k = 0; k < num; ++k) {
       spans.push_back(SpanOf((*outputs)[k], "weights[" + std::to_string(k) + "]", true));
-      if ((*inputs)[k].data_ptr != (*outputs)[k].data_ptr) {
-        spans.push_back(SpanOf((*inputs)[k], InputName(kind, num, k), false));
+      if (k < WeightInputs(cfg) && (*inputs)[k].data_ptr != (*outputs)[k].data_ptr) {
+        spans.push_back(SpanOf((*inputs)[k], InputName(kind, cfg, k), false));
       }
-      spans.push_back(SpanOf((*inputs)[num + k], InputName(kind, num, num + k), false));
+      spans.push_back(SpanOf((*inputs)[GradInput(cfg, k)],
+                             InputName(kind, cfg, GradInput(cfg, k)), false));
     }
     for (int which = 0; which < NumFlat(kind); ++which) {
       if (!FlatIsRead(kind, cfg, which)) continue;
       const bool written = (which == kFlatAux && kind == MultiKind::kLocal) ||
                            which == kFlatVar || which == kFlatEst;
-      spans.push_back(SpanOf((*inputs)[2 * num + which], FlatName(kind, which), written));
+      spans.push_back(SpanOf((*inputs)[FlatInput(cfg, which)], FlatName(kind, which),
+                             written));
     }
     if (cfg.send) spans.push_back(SpanOf((*outputs)[num], "send_flat", true));
   }
@@ -422,11 +462,13 @@ FlatArrays FlatArraysOf(MultiKind kind, const MultiConfig& cfg, std::vector<MXTe
   } else if (kind == MultiKind::kScatter) {
     f.flat = static_cast<float*>((*inputs)[0].data_ptr);
   } else {
-    f.global_w = static_cast<const float*>((*inputs)[2 * num + kFlatGlobal].data_ptr);
-    f.aux = static_cast<float*>((*inputs)[2 * num + kFlatAux].data_ptr);
-    f.var = static_cast<float*>((*inputs)[2 * num + kFlatVar].data_ptr);
+    f.global_w = static_cast<const float*>((*inputs)[FlatInput(cfg, kFlatGlobal)].data_ptr);
+    f.aux = static_cast<float*>((*inputs)[FlatInput(cfg, kFlatAux)].data_ptr);
+    f.var = static_cast<float*>((*inputs)[FlatInput(cfg, kFlatVar)].data_ptr);
     f.send = cfg.send ? static_cast<float*>((*outputs)[num].data_ptr) : nullptr;
-    if (IsPredict(kind)) f.est = static_cast<float*>((*inputs)[2 * num + kFlatEst].data_ptr);
+    if (IsPredict(kind)) {
+      f.est = static_cast<float*>((*inputs)[FlatInput(cfg, kFlatEst)].data_ptr);
+    }
   }
   return f;
 }
@@ -438,8 +480,8 @@ FlatArrays FlatArraysOf(MultiKind kind, const MultiConfig& cfg, std::vector<MXTe
 // __restrict__ (GCC drops it on pointers captured into an OpenMP region) and whose body has
 // no branch (kind and flags are template parameters), so GCC -O3 vectorises every
 // instantiation. aux is read only for the predicts and may then be global_w itself, which
-// __restrict__ allows (neither is written).
-template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend, bool kPrev>
+// __restrict__ allows (neither is written). With kOverwrite w is only written.
+template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend, bool kPrev, bool kOverwrite>
 __attribute__((noinline)) void UpdateRangeCPU(int64_t begin, int64_t end, const UpdateParams p,
                                               float* __restrict__ w,
                                               const float* __restrict__ grad,
@@ -448,8 +490,8 @@ __attribute__((noinline)) void UpdateRangeCPU(int64_t begin, int64_t end, const 
                                               float* __restrict__ var,
                                               float* __restrict__ send) {
   for (int64_t i = begin; i < end; ++i) {
-    UpdateAt<kKind, kClip, kAdaptive, kSend, kPrev>(i, p, w, grad, global_w, aux, est, var,
-                                                    send);
+    UpdateAt<kKind, kClip, kAdaptive, kSend, kPrev, kOverwrite>(i, p, w, grad, global_w, aux,
+                                                                est, var, send);
   }
 }
 
@@ -466,7 +508,7 @@ void ForEachSegment(const SegmentTable& t, int num, int64_t begin, int64_t end,
   }
 }
 
-template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend, bool kPrev>
+template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend, bool kPrev, bool kOverwrite>
 void MultiUpdateCPU(const MultiConfig& cfg, const HostSegmentTable& table, const FlatArrays& f) {
   const SegmentTable& t = table.view;
   ParallelFor(table.total, [&](int64_t begin, int64_t end) {
@@ -476,10 +518,9 @@ void MultiUpdateCPU(const MultiConfig& cfg, const HostSegmentTable& table, const
       float* est = kUsesEst<kKind, kPrev> ? f.est + off : f.est;
       float* var = kAdaptive ? f.var + off : f.var;
       float* send = kSend ? f.send + off : f.send;
-      UpdateRangeCPU<kKind, kClip, kAdaptive, kSend, kPrev>(b, e, ParamsOf(cfg.p, t, k),
-                                                            t.out[k], t.in[k],
-                                                            f.global_w + off, f.aux + off,
-                                                            est, var, send);
+      UpdateRangeCPU<kKind, kClip, kAdaptive, kSend, kPrev, kOverwrite>(
+          b, e, ParamsOf(cfg.p, t, k), t.out[k], t.in[k], f.global_w + off, f.aux + off, est,
+          var, send);
     });
   });
 }
@@ -501,10 +542,11 @@ void CopySegmentsCPU(MultiKind kind, int num, const HostSegmentTable& table,
 }
 
 /*! \brief An update whose outputs are not its weight inputs gets the weights copied first
- *  (the kernels update in place); off the intended path. */
-void CopyWeightsToOutputsCPU(int num, std::vector<MXTensor>* inputs,
+ *  (the kernels update in place); off the intended path. Not with overwrite=1 (no weight
+ *  inputs; the kernels do not read the outputs). */
+void CopyWeightsToOutputsCPU(const MultiConfig& cfg, std::vector<MXTensor>* inputs,
                              std::vector<MXTensor>* outputs) {
-  for (int k = 0; k < num; ++k) {
+  for (int k = 0; k < WeightInputs(cfg); ++k) {
     if ((*inputs)[k].data_ptr != (*outputs)[k].data_ptr) {
       std::memcpy((*outputs)[k].data_ptr, (*inputs)[k].data_ptr,
                   static_cast<size_t>((*inputs)[k].size()) * sizeof(float));
@@ -524,11 +566,13 @@ MXReturnValue ForwardCPU(const Attrs& attrs, std::vector<MXTensor>* inputs,
   if constexpr (!IsUpdate(kKind)) {
     CopySegmentsCPU(kKind, cfg.num, table, f);
   } else {
-    CopyWeightsToOutputsCPU(cfg.num, inputs, outputs);
-    DispatchFlags<kKind>(cfg.clip, cfg.adaptive, cfg.send, cfg.previous,
-                         [&](auto clip, auto adaptive, auto send, auto previous) {
+    CopyWeightsToOutputsCPU(cfg, inputs, outputs);
+    DispatchUpdateFlags<kKind>(cfg.clip, cfg.adaptive, cfg.send, cfg.previous, cfg.overwrite,
+                               [&](auto clip, auto adaptive, auto send, auto previous,
+                                   auto overwrite) {
       MultiUpdateCPU<kKind, decltype(clip)::value, decltype(adaptive)::value,
-                     decltype(send)::value, decltype(previous)::value>(cfg, table, f);
+                     decltype(send)::value, decltype(previous)::value,
+                     decltype(overwrite)::value>(cfg, table, f);
     });
   }
   return MX_SUCCESS;
@@ -552,7 +596,7 @@ MXReturnValue ForwardGPU(const Attrs& attrs, std::vector<MXTensor>* inputs,
   int rc = device_table ? CopyHostToDeviceAsync(device_table, table.block.data(), bytes, stream)
                         : 2;  // cudaErrorMemoryAllocation
   if (rc == 0 && IsUpdate(kKind)) {
-    for (int k = 0; k < cfg.num && rc == 0; ++k) {
+    for (int k = 0; k < WeightInputs(cfg) && rc == 0; ++k) {
       if ((*inputs)[k].data_ptr != (*outputs)[k].data_ptr) {
         rc = CopyDeviceAsync((*outputs)[k].data_ptr, (*inputs)[k].data_ptr,
                              (*inputs)[k].size() * static_cast<int64_t>(sizeof(float)), stream);
@@ -561,7 +605,7 @@ MXReturnValue ForwardGPU(const Attrs& attrs, std::vector<MXTensor>* inputs,
   }
   if (rc == 0) {
     rc = LaunchMultiCuda(kKind, table.tiles, cfg.num, device_table, cfg.p, cfg.clip,
-                         cfg.adaptive, cfg.send, cfg.previous,
+                         cfg.adaptive, cfg.send, cfg.previous, cfg.overwrite,
                          FlatArraysOf(kKind, cfg, inputs, outputs), stream);
   }
   if (rc != 0) {

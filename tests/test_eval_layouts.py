@@ -1,11 +1,18 @@
 """Evaluation with the training network between epochs (issue 9, item 3), as real jobs.
 
 An inference-mode forward of a conv net makes MXNet's CPU build keep the conv weights in an
-MKL-DNN layout, which the library operators cannot write; odsgd.native reorders them first
-(odsgd/native/layout.py). Each job (2 workers, 1 server, dist_odsgd in the OD phase from the
-first step, 3 epochs: tests/jobs/eval_layout_job.py) runs twice: with the fused operators
-loaded, and with the NDArray fallback (ODSGD_NATIVE_LIB pointing to a missing file). Both
-must finish, and their weights agree.
+MKL-DNN layout, which the library operators cannot write in place (odsgd/native/layout.py).
+With the compensation term, as in these jobs (compensation 0.1), the local update reads the
+weights and odsgd.native reorders them first, waiting for their pending writes; with lam = 0
+the update passes them as outputs only (overwrite=1) and MXNet drops the layout itself, with
+no wait (held to the reference in tests/test_multi_update_op.py, including weights in an
+MKL-DNN layout; these jobs with compensation 0 passed 3 runs of 3, where the same without
+either the reorder or overwrite=1 failed the Module job 3 of 3 with MXNet's message).
+
+Each job (2 workers, 1 server, dist_odsgd in the OD phase from the first step, 3 epochs:
+tests/jobs/eval_layout_job.py) runs twice: with the fused operators loaded, and with the
+NDArray fallback (ODSGD_NATIVE_LIB pointing to a missing file). Both must finish, and their
+weights agree.
 
 Tolerance: the fused operator and the fallback compute the same float32 formulas, the
 fallback as separate MXNet operators whose rounding may differ in the last bit, and 18 steps

@@ -228,14 +228,24 @@ def test_python_side_misuse_is_refused(native, case, error, message):  # noqa: F
     assert message in str(caught.value)
 
 
-@pytest.mark.parametrize("case,message", [
-    ("float16", "only float32"),
-    ("grad_shape", "grads[1] has shape (5,) but weights[1] has shape (4,)"),
-    ("flat_length", "'global_flat' has shape (11,) but must be 1-D of length 12"),
-    ("mom_is_global", "shares memory with"),
-    ("weight_in_send", "shares memory with"),
+@pytest.mark.parametrize("case,lam,message", [
+    ("float16", 0.0, "only float32"),
+    ("float16", 0.5, "only float32"),
+    # lam != 0: the weights are inputs, and the operator compares the shapes.
+    ("grad_shape", 0.5, "grads[1] has shape (5,) but weights[1] has shape (4,)"),
+    # lam = 0 (overwrite=1): the weights are outputs only; their sizes are the gradients', and
+    # MXNet holds the shapes the operator infers from the gradients to the output arrays.
+    ("grad_shape", 0.0, "'global_flat' has shape (12,) but must be 1-D of length 13 (the "
+                        "sum of the gradients' sizes (overwrite=1)"),
+    ("grad_reshaped", 0.0, "Shape inconsistent, Provided = [4], inferred shape=[2,2]"),
+    ("flat_length", 0.0, "'global_flat' has shape (11,) but must be 1-D of length 12"),
+    ("flat_length", 0.5, "'global_flat' has shape (11,) but must be 1-D of length 12"),
+    ("mom_is_global", 0.0, "shares memory with"),
+    ("weight_in_send", 0.0, "shares memory with"),
+    ("weight_in_send", 0.5, "shares memory with"),
+    ("weight_twice", 0.0, "shares memory with"),
 ])
-def test_operator_misuse_gets_a_clear_error(native, case, message):  # noqa: F811
+def test_operator_misuse_gets_a_clear_error(native, case, lam, message):  # noqa: F811
     import mxnet as mx
     weights, grads, global_flat, mom = _group()
     send = None
@@ -243,6 +253,10 @@ def test_operator_misuse_gets_a_clear_error(native, case, message):  # noqa: F81
         weights, grads, _, _ = _group(dtype="float16")
     elif case == "grad_shape":
         grads[1] = mx.nd.ones((5,))
+    elif case == "grad_reshaped":
+        grads[1] = mx.nd.ones((2, 2))
+    elif case == "weight_twice":
+        weights[2] = weights[0]
     elif case == "flat_length":
         global_flat = mx.nd.zeros((11,))
     elif case == "mom_is_global":
@@ -252,7 +266,7 @@ def test_operator_misuse_gets_a_clear_error(native, case, message):  # noqa: F81
         weights[2] = send[4:8]
     with pytest.raises(mx.base.MXNetError) as caught:
         native.multi_update_("sgd", weights, grads, global_flat, mom_flat=mom, send_flat=send,
-                             lrs=[0.1] * 3, wds=[0.0] * 3, **COMMON)
+                             lrs=[0.1] * 3, wds=[0.0] * 3, **dict(COMMON, lam=lam))
         mx.nd.waitall()     # overlap is found when the operator runs
     assert message in _last_extension_error(caught.value)
 
@@ -307,9 +321,7 @@ def test_zero_size_arrays_are_handled(native):  # noqa: F811
 # ------------------------------------------------------------------------------------------
 # MKL-DNN layouts
 
-def _conv_net_after_inference(seed):
-    """A conv net whose conv weights MXNet's CPU build holds in an MKL-DNN layout after an
-    inference-mode forward (the training network evaluated between epochs)."""
+def _conv_net(seed):
     import mxnet as mx
     mx.random.seed(seed)
     net = mx.gluon.nn.HybridSequential()
@@ -317,8 +329,19 @@ def _conv_net_after_inference(seed):
             mx.gluon.nn.Conv2D(8, 3, in_channels=8), mx.gluon.nn.Flatten(),
             mx.gluon.nn.Dense(4, in_units=8 * 4 * 4))
     net.initialize(mx.init.Xavier())
-    net(mx.nd.ones((2, 3, 8, 8))).asnumpy()
-    mx.nd.waitall()
+    return net
+
+
+def _conv_net_after_inference(seed, wait=True):
+    """A conv net whose conv weights MXNet's CPU build holds in an MKL-DNN layout after an
+    inference-mode forward (the training network evaluated between epochs); with
+    wait=False the forward (and the reorders it queues when it runs) may still be queued."""
+    import mxnet as mx
+    net = _conv_net(seed)
+    out = net(mx.nd.ones((2, 3, 8, 8)))
+    if wait:
+        out.asnumpy()
+        mx.nd.waitall()
     return [p.data() for p in net.collect_params().values()]
 
 
@@ -371,31 +394,289 @@ def test_weights_in_mkldnn_layout_go_through_the_ops(native):  # noqa: F811
         np.testing.assert_array_equal(target.asnumpy(), value)
 
 
-def _failing_call(native, weights, grads, global_flat, send):
+def _failing_call(native, weights, grads, global_flat, send, lam):
     """A call that the engine refuses when it runs it: mom_flat overlaps send_flat."""
     native.multi_update_("sgd", weights, grads, global_flat, mom_flat=send, send_flat=send,
-                         lrs=[0.1] * 3, wds=[0.0] * 3, **COMMON)
+                         lrs=[0.1] * 3, wds=[0.0] * 3, **dict(COMMON, lam=lam))
 
 
-def test_a_failure_inside_the_operator_surfaces_at_the_next_call(native):  # noqa: F811
+@pytest.mark.parametrize("lam", [0.0, 0.5])
+def test_a_failure_inside_the_operator_surfaces_at_the_next_call(native, lam):  # noqa: F811
     """An error found when the engine runs the operator lands on its outputs, and MXNet 1.9
-    raises it once, at the first wait on any of them: the next call on the same weights
-    raises it in the caller's thread (before it pushes anything); a read of send_flat raises
-    it as well (it is an output, so a push of it cannot go out with stale data)."""
+    raises it once, at the first wait on any of them. With lam != 0 the next call on the
+    same weights waits for them (odsgd.native.layout) and so raises it in the caller's
+    thread, before it pushes anything. With lam = 0 the next call waits for nothing
+    (overwrite=1): the engine passes the error on to that call's outputs, and reading its
+    weights raises it. A read of send_flat raises it as well (it is an output, so a push of
+    it cannot go out with stale data)."""
     import mxnet as mx
     weights, grads, global_flat, _ = _group()
-    _failing_call(native, weights, grads, global_flat, mx.nd.zeros((12,)))
+    _failing_call(native, weights, grads, global_flat, mx.nd.zeros((12,)), lam)
     with pytest.raises(mx.base.MXNetError) as caught:
         native.multi_update_("sgd", weights, grads, global_flat, mom_flat=mx.nd.zeros((12,)),
-                             lrs=[0.1] * 3, wds=[0.0] * 3, **COMMON)
+                             lrs=[0.1] * 3, wds=[0.0] * 3, **dict(COMMON, lam=lam))
+        assert lam == 0, "the call with lam != 0 did not raise"
+        weights[1].asnumpy()
     assert "shares memory with" in _last_extension_error(caught.value)
 
     weights, grads, global_flat, _ = _group()
     send = mx.nd.zeros((12,))
-    _failing_call(native, weights, grads, global_flat, send)
+    _failing_call(native, weights, grads, global_flat, send, lam)
     with pytest.raises(mx.base.MXNetError) as caught:
         send.asnumpy()
     assert "shares memory with" in _last_extension_error(caught.value)
+
+
+# ------------------------------------------------------------------------------------------
+# lam = 0: the weights are outputs only (the operators' overwrite=1)
+
+OVERWRITE_KINDS = ["sgd", "predict", "predict+previous", "nag_predict", "nag_predict+previous"]
+
+
+def _no_layout_wait(monkeypatch):
+    """Fails the test if odsgd.native.layout.to_default_layout (the wait for the weights'
+    pending writes) is called."""
+    from odsgd.native import layout
+
+    def refuse(arrays, context):
+        raise AssertionError("to_default_layout was called: the call waited for the weights")
+    monkeypatch.setattr(layout, "to_default_layout", refuse)
+
+
+def _reference_steps(kind, previous, w, W, W_prev, grads, state, lrs, wds, own, prev, decays,
+                     common):
+    """One step of every array by tests/od_reference.py, constant mode; `state` is m ('sgd')
+    or est (the predicts), updated in place; returns the new w."""
+    v = [np.zeros_like(a) for a in w]      # never read in constant mode
+    out = []
+    for k in range(len(w)):
+        if kind == "sgd":
+            out.append(ref.local_sgd_step(w[k], W[k], grads[k], state[k], v[k], lr=lrs[k],
+                                          wd=wds[k], **common))
+        elif kind == "predict":
+            estimate = dict(own_scale=own[k], prev_scale=prev[k], est=state[k],
+                            prev_decay=decays[k]) if previous else dict(own_scale=own[k])
+            out.append(ref.predict_step(w[k], W[k], W_prev[k], grads[k], v[k], lr=lrs[k],
+                                        wd=wds[k], num_workers=3, **estimate, **common))
+        else:
+            out.append(ref.nag_predict_step(w[k], W[k], W_prev[k], grads[k], state[k], v[k],
+                                            lr=lrs[k], wd=wds[k], prev_decay=decays[k],
+                                            num_workers=3, own_scale=own[k],
+                                            prev_scale=prev[k] if previous else None,
+                                            **common))
+    return out
+
+
+def _state_arguments(kind, previous, state_flat, W_prev, own, prev, decays):
+    """multi_update_'s keyword arguments of the states of `kind`."""
+    if kind == "sgd":
+        return dict(mom_flat=state_flat)
+    flats = dict(prev_global_flat=_nd(_flat(W_prev)), num_workers=3, own_scales=own)
+    if kind == "nag_predict" or previous:
+        flats.update(est_flat=state_flat, prev_decays=decays)
+    if previous:
+        flats.update(prev_scales=prev)
+    return flats
+
+
+@pytest.mark.parametrize("kind", OVERWRITE_KINDS)
+@pytest.mark.parametrize("clip,with_send", [(False, False), (True, True)])
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_overwrite_matches_reference(native, monkeypatch, group, kind, clip,  # noqa: F811
+                                     with_send):
+    """lam = 0, not adaptive (the default): multi_update_ passes the weights as outputs only
+    and does not wait for them, and the kernels never read them. Before every call the
+    operator's weights are set to NaN (one read would make results NaN: the reference's
+    compensation term is 0 * (W - w)); the reference steps finite w. States carried over
+    STEPS steps, every array with its own lr, wd and estimate."""
+    import mxnet as mx
+    _no_layout_wait(monkeypatch)
+    shapes = GROUPS[group]
+    P = len(shapes)
+    rng = np.random.default_rng(_seed("overwrite", group, kind, clip, with_send))
+    kind, _, previous = kind.partition("+")
+    lrs = [float(x) for x in rng.uniform(0.01, 0.2, P)]
+    wds = [float(x) for x in rng.choice([0.0, 0.01, 0.05], P)]
+    own, prev, decays = _estimates(rng, P, True)
+    common = dict(rescale_grad=0.5, clip_gradient=0.8 if clip else None, momentum=0.9,
+                  lam=0.0, beta=0.9, eps=1e-7)
+    W = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    W_prev = [(a + 0.1 * rng.standard_normal(a.shape)).astype(np.float32) for a in W]
+    w = [(a + 0.3 * rng.standard_normal(a.shape)).astype(np.float32) for a in W]
+    state = [np.zeros(s, np.float32) for s in shapes]
+    total = sum(a.size for a in w)
+    state_flat = _nd(np.zeros(total, np.float32))
+    weights = [mx.nd.zeros(s) for s in shapes]
+    for t in range(STEPS):
+        grads_np = [(2.0 * rng.standard_normal(s)).astype(np.float32) for s in shapes]
+        send = _nd(np.full((total,), -7.0, np.float32)) if with_send else None
+        w = _reference_steps(kind, previous, w, W, W_prev, grads_np, state, lrs, wds, own, prev,
+                             decays, common)
+        for weight in weights:
+            weight[:] = np.nan
+        returned = native.multi_update_(kind, weights, [_nd(g) for g in grads_np],
+                                        _nd(_flat(W)), send_flat=send, lrs=lrs, wds=wds,
+                                        adaptive=False, **_state_arguments(
+                                            kind, previous, state_flat, W_prev, own, prev,
+                                            decays), **common)
+        assert returned is weights
+        for k in range(P):
+            np.testing.assert_allclose(weights[k].asnumpy(), w[k], rtol=RTOL, atol=ATOL,
+                                       err_msg="weight %d, step %d" % (k, t))
+        if kind != "predict" or previous:
+            np.testing.assert_allclose(state_flat.asnumpy(), _flat(state), rtol=RTOL,
+                                       atol=ATOL, err_msg="mom / est, step %d" % t)
+        if with_send:
+            np.testing.assert_array_equal(send.asnumpy(), _flat(grads_np))
+        W_prev, W = W, [(a + 0.1 * rng.standard_normal(a.shape)).astype(np.float32) for a in W]
+
+
+def _raw_update(kind, weights, grads, flats, outputs_only, **attrs):
+    """The operator of `kind` called directly (mx.nd.<op>), lam = 0 unless `attrs` say
+    otherwise: the weights are inputs too unless `outputs_only` (then overwrite=1)."""
+    import mxnet as mx
+    op = getattr(mx.nd, {"sgd": "odsgd_multi_local_update",
+                         "predict": "odsgd_multi_predict_update",
+                         "nag_predict": "odsgd_multi_nag_predict_update"}[kind])
+    values = dict(num_arrays=len(weights), lrs="0.05", wds="0.01", send=0, rescale_grad=0.5,
+                  clip_gradient=-1, momentum=0.9, lam=0, adaptive=0, beta=0.9, eps=1e-7,
+                  overwrite=int(outputs_only))
+    if kind != "sgd":
+        values.update(own_scales="3.0", previous=0)
+    if kind == "nag_predict":
+        values["prev_decays"] = "0.001"
+    values.update(attrs)
+    inputs = list(grads) + list(flats)
+    if not outputs_only:
+        inputs = list(weights) + inputs
+    op(*inputs, out=list(weights), **values)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "predict", "nag_predict"])
+def test_overwrite_gives_the_bits_of_the_update_in_place(native, kind):  # noqa: F811
+    """With lam = 0, overwrite=1 (weights outputs only, W_t read where w_t would be) and
+    overwrite=0 (weights read and written in place) give the same bits, states included."""
+    import mxnet as mx
+    rng = np.random.default_rng(_seed("bits", kind))
+    shapes = [(3, 5), (70001,)]
+    w = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    g = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    total = sum(a.size for a in w)
+    W, W_prev, state = (rng.standard_normal(total).astype(np.float32) for _ in range(3))
+    results = []
+    for overwrite in (False, True):
+        weights = [_nd(a) for a in w]
+        states = [_nd(state)]
+        placeholder = mx.nd.zeros((1,))
+        flats = [_nd(W)] + ([states[0], placeholder] if kind == "sgd" else
+                            [_nd(W_prev), placeholder, states[0]])
+        _raw_update(kind, weights, [_nd(a) for a in g], flats, overwrite, lrs="0.05,0.1")
+        results.append([a.asnumpy() for a in weights + states])
+    for before, after in zip(*results):
+        np.testing.assert_array_equal(after, before)
+
+
+@pytest.mark.parametrize("attrs,message", [
+    (dict(lam=0.5), "overwrite=1 needs lam=0 and adaptive=0"),
+    (dict(adaptive=1), "overwrite=1 needs lam=0 and adaptive=0"),
+    (dict(overwrite=2), "attribute 'overwrite' must be 0 or 1, got '2'"),
+])
+def test_overwrite_misuse_gets_a_clear_error(native, attrs, message):  # noqa: F811
+    import mxnet as mx
+    weights, grads, global_flat, mom = _group(P=2)
+    with pytest.raises(mx.base.MXNetError) as caught:
+        _raw_update("sgd", weights, grads, [global_flat, mom, mx.nd.zeros((8,))], True, **attrs)
+        mx.nd.waitall()
+    assert message in _last_extension_error(caught.value)
+
+
+@pytest.mark.skipif(not _mkldnn_build(), reason="needs MXNet's CPU build with MKL-DNN")
+@pytest.mark.parametrize("finished", [True, False])
+def test_overwrite_of_weights_in_mkldnn_layouts(native, monkeypatch, finished):  # noqa: F811
+    """lam = 0: weights after an inference forward of a conv net go through multi_update_
+    (every kind) with no layout wait, and equal the reference. finished=True: the forward
+    has run, so the conv weights are in an MKL-DNN layout when the operator runs (the raw
+    operator with the weights as inputs too fails on them; with overwrite=1 it does not);
+    finished=False: the forward, and the reorders it queues when it runs, may still be
+    queued."""
+    import mxnet as mx
+    _no_layout_wait(monkeypatch)
+    if finished:
+        probe = _conv_net_after_inference(seed=4)[0]
+        args = (mx.nd.zeros(probe.shape), mx.nd.ones((probe.size,)), mx.nd.zeros((probe.size,)),
+                mx.nd.zeros((1,)))
+        with pytest.raises(mx.base.MXNetError, match="MKLDNN"):
+            _raw_update("sgd", [probe], args[:1], args[1:], False, lrs=0.1)
+            mx.nd.waitall()
+        probe = _conv_net_after_inference(seed=4)[0]
+        _raw_update("sgd", [probe], args[:1], args[1:], True, lrs=0.1, wds=0)
+        np.testing.assert_array_equal(probe.asnumpy(), np.ones(probe.shape, np.float32))
+
+    rng = np.random.default_rng(_seed("mkldnn-overwrite", finished))
+    common = dict(rescale_grad=0.5, clip_gradient=None, momentum=0.9, lam=0.0, beta=0.9,
+                  eps=1e-7)
+    for kind in OVERWRITE_KINDS:
+        weights = _conv_net_after_inference(seed=4, wait=finished)
+        shapes = [a.shape for a in weights]
+        P = len(shapes)
+        kind, _, previous = kind.partition("+")
+        lrs = [0.05 + 0.01 * k for k in range(P)]
+        wds = [0.01] * P
+        own, prev, decays = _estimates(rng, P, True)
+        W = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        W_prev = [(a + 0.1 * rng.standard_normal(a.shape)).astype(np.float32) for a in W]
+        grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        state = [(0.1 * rng.standard_normal(s)).astype(np.float32) for s in shapes]
+        state_flat = _nd(_flat(state))
+        expected = _reference_steps(kind, previous, [a.copy() for a in W], W, W_prev, grads,
+                                    state, lrs, wds, own, prev, decays, common)
+        native.multi_update_(kind, weights, [_nd(g) for g in grads], _nd(_flat(W)), lrs=lrs,
+                             wds=wds, adaptive=False, **_state_arguments(
+                                 kind, previous, state_flat, W_prev, own, prev, decays),
+                             **common)
+        for k in range(P):
+            np.testing.assert_allclose(weights[k].asnumpy(), expected[k], rtol=RTOL,
+                                       atol=ATOL, err_msg="%s array %d" % (kind, k))
+
+
+@pytest.mark.skipif(not _mkldnn_build(), reason="needs MXNet's CPU build with MKL-DNN")
+def test_overwrite_between_inference_and_training_forwards(native, monkeypatch):  # noqa: F811
+    """Training with evaluation in between and no wait anywhere: each round an inference
+    forward (which reorders the conv weights into MKL-DNN layouts when it runs), a local
+    update (lam = 0) of every weight, a training forward and backward (which reorders them
+    back), another update. After eight updates the weights equal the reference: the
+    updates depend on W, the gradients and the momentum only."""
+    import mxnet as mx
+    _no_layout_wait(monkeypatch)
+    net = _conv_net(seed=7)
+    weights = [p.data() for p in net.collect_params().values()]
+    shapes = [a.shape for a in weights]
+    P = len(shapes)
+    rng = np.random.default_rng(8)
+    common = dict(rescale_grad=0.5, clip_gradient=None, momentum=0.9, lam=0.0, beta=0.9,
+                  eps=1e-7)
+    lrs, wds = [0.05] * P, [0.01] * P
+    mom = [np.zeros(s, np.float32) for s in shapes]
+    mom_flat = mx.nd.zeros((sum(int(np.prod(s)) for s in shapes),))
+    data = mx.nd.array(rng.standard_normal((2, 3, 8, 8)))
+    expected = None
+    for t in range(8):
+        W = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        if t % 2 == 0:
+            net(data)                                   # inference forward
+        else:
+            with mx.autograd.record():
+                loss = net(data).sum()
+            loss.backward()                             # training forward and backward
+        native.multi_update_("sgd", weights, [_nd(g) for g in grads], _nd(_flat(W)),
+                             mom_flat=mom_flat, lrs=lrs, wds=wds, adaptive=False, **common)
+        expected = _reference_steps("sgd", False, W, W, W, grads, mom, lrs, wds, None, None,
+                                    None, common)
+    for k in range(P):
+        np.testing.assert_allclose(weights[k].asnumpy(), expected[k], rtol=RTOL, atol=ATOL,
+                                   err_msg="array %d" % k)
+    np.testing.assert_allclose(mom_flat.asnumpy(), _flat(mom), rtol=RTOL, atol=ATOL)
 
 
 # ------------------------------------------------------------------------------------------

@@ -4,8 +4,15 @@ group of one), gather and scatter, and `accepts` (which arrays they take).
 Every call goes straight to MXNet's C API (`MXImperativeInvokeEx`, the function behind every
 `mx.nd.<op>`), with the operator handle looked up once and the attribute strings cached, so
 that a multi-array call costs one dispatch plus building the list of array handles,
-whatever the number of arrays. Arrays the operators write are first put into MXNet's
-default layout (odsgd.native.layout). mxnet is imported inside the functions only.
+whatever the number of arrays. mxnet is imported inside the functions only.
+
+Layouts (odsgd.native.layout): an update with lam = 0 and not adaptive, the default, passes
+the weights as outputs only (the operators' `overwrite=1`: with lam = 0 the new weights do
+not depend on the old ones), and MXNet's engine drops an MKL-DNN layout of such an output
+before the operator runs, so the call waits for nothing. Every other call that writes
+arrays (an update with lam != 0 or adaptive, whose weights are inputs too, and scatter_)
+first puts them into the default layout with `layout.to_default_layout`, which waits for
+their pending writes.
 """
 import ctypes
 
@@ -94,12 +101,18 @@ def _placeholder(context):
     return array
 
 
+_OVERWRITE = ("overwrite", "1")
+
+
 def _common_items(rescale_grad, clip_gradient, momentum, lam, adaptive, beta, eps):
+    """The shared attribute items of an update; with lam = 0 and not adaptive also
+    overwrite=1 (_OVERWRITE): the old weights are not read, so they are outputs only."""
+    overwrite = float(lam) == 0.0 and not adaptive
     return (("rescale_grad", _number(rescale_grad)),
             ("clip_gradient", _number(clip_gradient if clip_gradient is not None else -1.0)),
             ("momentum", _number(momentum)), ("lam", _number(lam)),
             ("adaptive", "1" if adaptive else "0"), ("beta", _number(beta)),
-            ("eps", _number(eps)))
+            ("eps", _number(eps)), ("overwrite", "1" if overwrite else "0"))
 
 
 # ------------------------------------------------------------------------------------------
@@ -110,7 +123,7 @@ def accepts(arrays):
 
     That is: the library is loaded, they share one context that it supports (CPU, or GPU
     when it was built with its CUDA kernels), and every one is float32 with default
-    (dense) storage. Arrays in an MKL-DNN layout are accepted: the operators reorder them.
+    (dense) storage. Arrays in an MKL-DNN layout are accepted (see the module's docstring).
     For anything else (float16 weights, the float16 weights of a multi_precision setup,
     float64, sparse arrays, mixed contexts) it returns False and the caller uses the NDArray
     fallback, which computes the same formulas in the arrays' own dtype.
@@ -147,8 +160,9 @@ def local_update_(weight, grad, global_weight, mom, var, *, rescale_grad, clip_g
     Parameters
     ----------
     weight : NDArray, float32, any shape S
-        w_t on entry, w_{t+1} on return (updated in place).
-        May be in an MKL-DNN layout (it is reordered to the default layout first).
+        w_t on entry, w_{t+1} on return (updated in place). May be in an MKL-DNN layout
+        (with lam = 0 and not adaptive it is only written, and not read at all; else it is
+        reordered to the default layout first).
     grad : NDArray, float32, shape S
         The worker's raw gradient grad_t (before rescale_grad).
     global_weight : NDArray, float32, S.size elements
@@ -330,7 +344,9 @@ def multi_update_(kind, weights, grads, global_flat, *, prev_global_flat=None, m
     ----------
     kind : {'sgd', 'predict', 'nag_predict'}
     weights : list of P NDArrays, float32, any shapes, one context
-        w_t in, w_{t+1} out, in place (any layout: see odsgd.native.layout).
+        w_t in, w_{t+1} out, in place (any layout: see the module's docstring). With lam = 0
+        and not adaptive they are not read (the formulas do not use w_t then): outputs only,
+        and the call does not wait for their pending writes.
     grads : list of P NDArrays, float32, shaped like the weights
         Raw gradients (before rescale_grad). Read only.
     global_flat : NDArray, float32, (N,)
@@ -494,13 +510,20 @@ def _rate_items(lrs, wds):
 
 def _update(kind, weights, grads, flats, send_flat, context, rates, common):
     """Runs the operator of `kind` on checked arguments: `flats` are the handles of its flat
-    inputs in order, `rates` the per-array attributes, `common` _common_items(...)."""
+    inputs in order, `rates` the per-array attributes, `common` _common_items(...). With
+    overwrite=1 in `common` the weights are outputs only: no layout check, no wait (MXNet
+    drops an MKL-DNN layout of an output that is not also an input before the operator
+    runs); else they are inputs too, and first put into the default layout (which waits for
+    their pending writes: odsgd.native.layout)."""
     send = send_flat is not None
     items = (("num_arrays", str(len(weights))),) + rates + (
         ("send", "1" if send else "0"),) + common
-    layout.to_default_layout(weights, context)
-    inputs = [a.handle for a in weights]
-    inputs += [a.handle for a in grads]
+    if _OVERWRITE in common:
+        inputs = [a.handle for a in grads]
+    else:
+        layout.to_default_layout(weights, context)
+        inputs = [a.handle for a in weights]
+        inputs += [a.handle for a in grads]
     inputs += flats
     # send_flat is an output: MXNet records an operator's failure on its outputs only, so a
     # push of send_flat after a failed call is skipped with the error, never sends stale data.
