@@ -2,12 +2,11 @@
 
 An inference-mode forward of a conv net makes MXNet's CPU build keep the conv weights in an
 MKL-DNN layout, which the library operators cannot write in place (odsgd/native/layout.py).
-With the compensation term, as in these jobs (compensation 0.1), the local update reads the
-weights and odsgd.native reorders them first, waiting for their pending writes; with lam = 0
-the update passes them as outputs only (overwrite=1) and MXNet drops the layout itself, with
-no wait (held to the reference in tests/test_multi_update_op.py, including weights in an
-MKL-DNN layout; these jobs with compensation 0 passed 3 runs of 3, where the same without
-either the reorder or overwrite=1 failed the Module job 3 of 3 with MXNet's message).
+The jobs run with both paths of the local update: with the compensation term (lam 0.1) it
+reads the weights and odsgd.native reorders them first, waiting for their pending writes;
+with lam = 0 (the default) the update passes them as outputs only (overwrite=1) and MXNet
+drops the layout itself, with no wait (the Module job with lam = 0 and neither the reorder
+nor overwrite=1 failed 3 runs of 3 with MXNet's message).
 
 Each job (2 workers, 1 server, dist_odsgd in the OD phase from the first step, 3 epochs:
 tests/jobs/eval_layout_job.py) runs twice: with the fused operators loaded, and with the
@@ -37,19 +36,20 @@ RTOL = ATOL = 1e-5
 EPOCHS = 3
 
 
-def _run(tmp_path, api, fallback):
+def _run(tmp_path, api, fallback, compensation):
     out = tmp_path / ("fallback" if fallback else "fused")
     out.mkdir()
     env = {"ODSGD_NATIVE_LIB": str(tmp_path / "no-such-lib.so")} if fallback else {}
-    run_job("eval_layout_job.py", ["--api", api, "--epochs", EPOCHS, "--out", out],
-            timeout=90, env=env)
+    run_job("eval_layout_job.py", ["--api", api, "--epochs", EPOCHS, "--out", out,
+                                   "--compensation", compensation], timeout=90, env=env)
     return [dict(np.load(out / ("rank%d.npz" % rank))) for rank in range(2)]
 
 
+@pytest.mark.parametrize("compensation", [0.0, 0.1])
 @pytest.mark.parametrize("api", ["module", "gluon"])
-def test_training_with_evaluation_matches_the_fallback(tmp_path, api):
-    fused = _run(tmp_path, api, fallback=False)
-    fallback = _run(tmp_path, api, fallback=True)
+def test_training_with_evaluation_matches_the_fallback(tmp_path, api, compensation):
+    fused = _run(tmp_path, api, fallback=False, compensation=compensation)
+    fallback = _run(tmp_path, api, fallback=True, compensation=compensation)
     for rank in range(2):
         assert bool(fused[rank]["native_loaded"]), "the fused run did not load the library"
         assert not bool(fallback[rank]["native_loaded"])

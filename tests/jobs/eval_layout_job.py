@@ -27,6 +27,8 @@ def parse_args(argv=None):
     p.add_argument("--api", choices=["module", "gluon"], required=True)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--out", required=True)
+    p.add_argument("--compensation", type=float, default=0.1,
+                   help="lam: 0 makes the local update write the weights as outputs only")
     return p.parse_args(argv)
 
 
@@ -48,12 +50,12 @@ def initial_params():
             for name, shape in shapes.items()}
 
 
-def store():
-    # Every step in the OD phase, with momentum and the compensation term: the fused op
-    # (or its fallback) runs on every parameter at every step.
+def store(compensation):
+    # Every step in the OD phase, with momentum (and the compensation term when lam > 0):
+    # the fused op (or its fallback) runs on every parameter at every step.
     return odsgd.DistODSGD(local_optimizer="sgd",
                            local_optimizer_params={"learning_rate": 0.05, "momentum": 0.9},
-                           compensation=0.1, warmup_steps=0)
+                           compensation=compensation, warmup_steps=0)
 
 
 OPTIMIZER = {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-4}
@@ -132,7 +134,7 @@ def run_gluon(args, kv):
 
 def main():
     args = parse_args()
-    kv = store()
+    kv = store(args.compensation)
     snapshots = run_module(args, kv) if args.api == "module" else run_gluon(args, kv)
     mx.nd.waitall()
     np.savez(os.path.join(args.out, "rank%d.npz" % kv.rank),
