@@ -93,8 +93,12 @@ def fill_parts(group, gradients):
         gather(gradients, group, group.parts[0].send)
         return
     if len(gradients) == 1:
+        # the gradient array itself (not cached by Part.of, which keeps group buffers)
         flat = gradients[0].reshape((-1,))
-    elif group.summed is not None and gradients[0] is group.views(group.summed)[0]:
+        for part in group.parts:
+            flat[part.offset:part.offset + part.size].copyto(part.send)
+        return
+    if group.summed is not None and gradients[0] is group.views(group.summed)[0]:
         flat = group.summed             # summed over devices there already
     else:
         flat = group.summed_buffer()

@@ -69,10 +69,14 @@ class Part(object):
         self.offset, self.size = offset, size
         send_context = context if context.device_type == "cpu" else mx.cpu_pinned(0)
         self.send = mx.nd.zeros((size,), send_context, dtype=dtype)
+        self._views = {}
 
     def of(self, flat):
-        """This part of a group's flat buffer (a view)."""
-        return flat[self.offset:self.offset + self.size]
+        """This part of a group's flat buffer (a view, cached per buffer: every round asks)."""
+        view = self._views.get(id(flat))
+        if view is None or view[0] is not flat:
+            view = self._views[id(flat)] = (flat, flat[self.offset:self.offset + self.size])
+        return view[1]
 
 
 class KeyGroup(object):
