@@ -17,6 +17,9 @@ COMPENSATION_MODES = ("constant", "adaptive")
 #: every three; docs/convergence.md, "The estimate of the gradient sum"), and is the only one
 #: whose workers' points average to W_{t+1} exactly.
 PREDICT_ESTIMATES = ("own", "previous", "shrunk")
+#: what the parameter arrays show an inference forward between training steps
+#: (odsgd/eval_weights.py): the servers' W, or the worker's own w_t
+EVAL_WEIGHTS = ("global", "local")
 
 DEFAULTS = {
     "local_optimizer": "predict",
@@ -29,6 +32,9 @@ DEFAULTS = {
     "predict_estimate": "own",
     "adaptive_beta": 0.95,     # the authors' adaptive variant: v = beta v + (1 - beta) g^2
     "adaptive_eps": 1e-7,
+    # what an inference forward between steps sees: the global model (docs/convergence.md,
+    # "MXNet's own scripts": fit.py's first epochs)
+    "eval_weights": "global",
 }
 
 #: environment variable -> (setting, parser)
@@ -41,6 +47,7 @@ ENVIRONMENT = {
     "ODSGD_COMPENSATION_MODE": ("compensation_mode", str),
     "ODSGD_WARMUP_STEPS": ("warmup_steps", int),
     "ODSGD_PREDICT_ESTIMATE": ("predict_estimate", str),
+    "ODSGD_EVAL_WEIGHTS": ("eval_weights", str),
 }
 
 
@@ -82,7 +89,8 @@ class ODSGDConfig(object):
     Attributes: local_optimizer (str), local_lr, local_momentum, local_wd (float or None),
     compensation (lam, float), compensation_mode ('constant' or 'adaptive'), warmup_steps
     (int, global steps of plain SSGD first), predict_estimate (one of PREDICT_ESTIMATES; from
-    the environment only), adaptive_beta, adaptive_eps (floats),
+    the environment only), eval_weights (one of EVAL_WEIGHTS; from the environment only),
+    adaptive_beta, adaptive_eps (floats),
     clip_gradient, lr_scheduler, extra_params (the local optimizer's own arguments);
     local_rule_kind (the class of local rule the name selects, odsgd/local_update.py) and
     built_local_optimizer; fusion_elements, part_elements and metrics_interval (the store's
@@ -124,6 +132,7 @@ class ODSGDConfig(object):
         self.compensation = values["compensation"]
         self.warmup_steps = values["warmup_steps"]
         self.predict_estimate = str(values["predict_estimate"]).lower()
+        self.eval_weights = str(values["eval_weights"]).lower()
         self.adaptive_beta = params.pop("beta", values["adaptive_beta"])
         self.adaptive_eps = params.pop("epsilon", values["adaptive_eps"])
         self.clip_gradient = params.pop("clip_gradient", None)
@@ -181,6 +190,10 @@ class ODSGDConfig(object):
                              "the default %r" % (", ".join(PREDICT_ESTIMATES),
                                                  self.predict_estimate,
                                                  DEFAULTS["predict_estimate"]))
+        if self.eval_weights not in EVAL_WEIGHTS:
+            raise ValueError("ODSGD_EVAL_WEIGHTS must be one of %s, got %r; unset it for "
+                             "the default %r" % (", ".join(EVAL_WEIGHTS), self.eval_weights,
+                                                 DEFAULTS["eval_weights"]))
         # The kind of local rule is decided here, once, from its name; the kind checks the
         # settings it takes (odsgd/local_update.py). Imported here: the benchmark drivers read
         # the environment through this module without MXNet.
@@ -196,6 +209,7 @@ class ODSGDConfig(object):
                 "local_momentum": self.local_momentum, "local_wd": self.local_wd,
                 "compensation": self.compensation, "compensation_mode": self.compensation_mode,
                 "warmup_steps": self.warmup_steps, "predict_estimate": self.predict_estimate,
+                "eval_weights": self.eval_weights,
                 "clip_gradient": self.clip_gradient,
                 "adaptive_beta": self.adaptive_beta, "adaptive_eps": self.adaptive_eps}
 

@@ -11,12 +11,19 @@ One override each, installed by `import odsgd` (as Horovod's and BytePS's Distri
 override `_allreduce_grads`), so `gluon.Trainer(..., kvstore='dist_odsgd')` and
 `Module.fit(kvstore='dist_odsgd')` get it without a change to the user's code.
 
-This module imports nothing of odsgd: the package's __init__ imports it to install the
-overrides, and it knows a dist_odsgd store by its type, not by the class in odsgd/kvstore.py.
+Between steps the parameter arrays may show an inference forward the global weights instead
+of the local ones (odsgd/eval_weights.py): each step first puts the local weights back, and
+then tells eval_weights which arrays it wrote them into.
+
+This module imports nothing of odsgd but eval_weights: the package's __init__ imports it to
+install the overrides, and it knows a dist_odsgd store by its type, not by the class in
+odsgd/kvstore.py.
 """
 import mxnet as mx
 from mxnet.kvstore import KVStoreBase
 from mxnet.module import module as _module
+
+from . import eval_weights
 
 _TRAINER_ALLREDUCE = mx.gluon.Trainer._allreduce_grads
 _MODULE_UPDATE_ON_KVSTORE = _module._update_params_on_kvstore
@@ -33,14 +40,14 @@ def allreduce_grads_in_one_call(trainer):
     kvstore = trainer._kvstore
     if not (_is_odsgd(kvstore) and trainer._update_on_kvstore):
         return _TRAINER_ALLREDUCE(trainer)
-    keys, grads, weights = [], [], []
+    keys, grads, weights, trained = [], [], [], []
     for index, param in enumerate(trainer._params):
         if param.grad_req != "null":
             keys.append(index)
             grads.append(param.list_grad())
             weights.append(param.list_data())
-    if keys:
-        kvstore.pushpull(keys, grads, out=weights)
+            trained.append(id(param))
+    _step(kvstore, keys, grads, weights, trained)
 
 
 def update_params_on_kvstore_in_one_call(param_arrays, grad_arrays, kvstore, param_names):
@@ -54,11 +61,23 @@ def update_params_on_kvstore_in_one_call(param_arrays, grad_arrays, kvstore, par
             keys.append(name)
             grads.append(grad_list)
             weights.append(arrays)
-    if keys:
-        kvstore.pushpull(keys, grads, out=weights)
+    _step(kvstore, keys, grads, weights)
+
+
+def _step(kvstore, keys, grads, weights, trained=()):
+    """One pushpull of the step, from the local weights (put back if the global ones were
+    shown for an evaluation); `trained`: ids of a Trainer's Parameters whose blocks show the
+    global weights when called for inference."""
+    if not keys:
+        return
+    shown = eval_weights.shown_weights(kvstore)
+    shown.restore_local()
+    kvstore.pushpull(keys, grads, out=weights)
+    shown.stepped(keys, weights, trained)
 
 
 def install():
-    """Installs both overrides (idempotent)."""
+    """Installs both overrides and those of eval_weights (idempotent)."""
     mx.gluon.Trainer._allreduce_grads = allreduce_grads_in_one_call
     _module._update_params_on_kvstore = update_params_on_kvstore_in_one_call
+    eval_weights.install()

@@ -1,0 +1,176 @@
+"""Evaluating the global model: an inference forward between training steps sees W, not w_t.
+
+Under dist_odsgd a worker's parameter arrays hold its local weights w_t, one local step away
+from the servers' global weights W (SPEC section 2), and each worker's w_t differs from the
+others'. Scripts that evaluate the network they train (MXNet's fit.py scores `eval_data` with
+the Module after every epoch; GluonCV's scripts call `net(x)` outside `autograd.record()`)
+would report w_t. With `ODSGD_EVAL_WEIGHTS=global` (the default, docs/env.md) the store's
+parameter arrays show W to them instead, and w_t comes back before the next training step:
+
+* an inference forward (`Module.forward(is_train=False)`, which `score`/`predict` call, or a
+  Gluon block that holds a trained parameter, called while autograd is not recording) and
+  `Module.get_params` (fit.py's checkpoints) first copy w_t aside and pull W into the arrays;
+* a training forward, and the store's next step (odsgd/trainer_hook.py), copy w_t back, so
+  the local trajectory is exactly the one without evaluations.
+
+BatchNorm's running statistics are not parameters of the store: they stay the worker's own,
+as under dist_sync. Why W and what it costs: docs/convergence.md, "MXNet's own scripts".
+"""
+import weakref
+
+import mxnet as mx
+from mxnet.module import module as _module
+
+GLOBAL, LOCAL = "global", "local"
+MODES = (GLOBAL, LOCAL)
+
+_MODULE_FORWARD = _module.Module.forward
+_MODULE_GET_PARAMS = _module.Module.get_params
+_MODULE_SET_PARAMS = _module.Module.set_params
+_BLOCK_CALL = mx.gluon.Block.__call__
+
+
+class ShownWeights(object):
+    """What one dist_odsgd store's parameter arrays hold between its training steps.
+
+    `holds` is 'local' (w_t, written by the last step), 'global' (W, pulled for an inference
+    forward, with w_t kept aside in `aside`) or 'user' (values the store did not write: before
+    the first step, or set by the user since; shown as they are)."""
+
+    def __init__(self, kvstore):
+        # A weak reference: _SHOWN lives as long as the process, and a store kept alive to
+        # the interpreter's exit outlives MXNet's engine (its threads abort the process).
+        self._store = weakref.ref(kvstore)
+        self.holds = "user"
+        self.keys, self.arrays = [], []   # what the last step wrote w_t into (per device)
+        self.owners = frozenset()         # ids of the Gluon Parameters trained (Gluon only)
+        self.aside = []                   # a copy of w_t per key, while W is shown
+
+    def stepped(self, keys, arrays, owners=()):
+        """The store's step wrote w_t into `arrays` (one list of device arrays per key)."""
+        self.keys, self.arrays, self.owners = list(keys), list(arrays), frozenset(owners)
+        self.holds = LOCAL
+
+    def show_global(self):
+        """Pulls W into the arrays, w_t aside, when they hold w_t that differs from W and the
+        store evaluates the global model."""
+        kvstore = self._store()
+        if self.holds != LOCAL or kvstore is None or not _differs_from_global(kvstore):
+            return
+        if [a.shape for a in self.aside] != [a[0].shape for a in self.arrays]:
+            self.aside = [mx.nd.empty(a[0].shape, a[0].context, a[0].dtype)
+                          for a in self.arrays]
+        for devices, copy in zip(self.arrays, self.aside):
+            devices[0].copyto(copy)
+        kvstore.pull(self.keys, out=self.arrays)
+        self.holds = GLOBAL
+
+    def restore_local(self):
+        """Copies w_t back into the arrays if W is shown (MXNet's engine orders the copy after
+        the inference forward's reads, without a wait); True if it did."""
+        if self.holds != GLOBAL:
+            return False
+        # Paused: a Gluon training forward restores inside autograd.record(), where writing
+        # into a parameter (a variable of the graph) is refused; the copy is no part of it.
+        with mx.autograd.pause():
+            for devices, copy in zip(self.arrays, self.aside):
+                for array in devices:
+                    copy.copyto(array)
+        self.holds = LOCAL
+        return True
+
+    def forget(self):
+        """The user set the arrays: they hold neither w_t nor W until the next step."""
+        self.holds = "user"
+
+
+def _differs_from_global(kvstore):
+    # Warm-up steps write W itself (w_{t+1} = W_{t+1}): nothing to show until an OD step.
+    config = kvstore.config
+    return config.eval_weights == GLOBAL and kvstore.global_step > config.warmup_steps
+
+
+_SHOWN = weakref.WeakKeyDictionary()   # store -> ShownWeights
+
+
+def shown_weights(kvstore):
+    """The ShownWeights of a dist_odsgd store (made on first use)."""
+    if kvstore not in _SHOWN:
+        _SHOWN[kvstore] = ShownWeights(kvstore)
+    return _SHOWN[kvstore]
+
+
+def _known(kvstore):
+    """The ShownWeights of a store that has made a dist_odsgd step, else None."""
+    try:
+        return _SHOWN.get(kvstore)
+    except TypeError:      # None, or a store's name (not weakly referable)
+        return None
+
+
+# -- Module ------------------------------------------------------------------------------------
+def module_forward(module, data_batch, is_train=None):
+    """Module.forward: an inference forward shows W, a training forward w_t."""
+    shown = _known(module._kvstore)
+    if shown is not None:
+        training = module.for_training if is_train is None else is_train
+        if training:
+            if shown.restore_local():
+                module._params_dirty = True
+        else:
+            shown.show_global()
+    return _MODULE_FORWARD(module, data_batch, is_train)
+
+
+def module_get_params(module):
+    """Module.get_params: the global model's parameters (fit.py checkpoints them after every
+    epoch, then hands them back to set_params, which leaves W shown)."""
+    shown = _known(module._kvstore)
+    if shown is not None and shown.holds == LOCAL:
+        shown.show_global()
+        if shown.holds == GLOBAL:
+            module._params_dirty = True   # _arg_params are synchronised from the arrays
+    return _MODULE_GET_PARAMS(module)
+
+
+def module_set_params(module, arg_params, aux_params, *args, **kwargs):
+    """Module.set_params: values of the user's own replace whatever was shown (fit.py's
+    set_params(get_params()) hands the module its own dict back and changes nothing)."""
+    shown = _known(module._kvstore)
+    if shown is not None and arg_params is not module._arg_params:
+        shown.forget()
+    return _MODULE_SET_PARAMS(module, arg_params, aux_params, *args, **kwargs)
+
+
+# -- Gluon -------------------------------------------------------------------------------------
+_BLOCK_PARAMETERS = weakref.WeakKeyDictionary()   # block -> ids of the Parameters it holds
+
+
+def _holds_trained(block, shown):
+    if block not in _BLOCK_PARAMETERS:
+        _BLOCK_PARAMETERS[block] = frozenset(id(p) for p in block.collect_params().values())
+    return not shown.owners.isdisjoint(_BLOCK_PARAMETERS[block])
+
+
+def block_call(block, *args):
+    """Block.__call__: a block holding a trained parameter, called while autograd does not
+    record, shows W; called while it records, w_t. Blocks of no dist_odsgd Trainer (data
+    transforms, losses) change nothing."""
+    if _SHOWN:
+        recording = mx.autograd.is_recording()
+        for shown in list(_SHOWN.values()):
+            if not shown.owners:
+                continue
+            if recording:
+                shown.restore_local()
+            elif shown.holds == LOCAL and _holds_trained(block, shown):
+                shown.show_global()
+    return _BLOCK_CALL(block, *args)
+
+
+def install():
+    """Installs the overrides (idempotent); odsgd/trainer_hook.py calls it."""
+    _module.Module.forward = module_forward
+    _module.Module.get_params = module_get_params
+    _module.Module.set_params = module_set_params
+    mx.gluon.Block.__call__ = block_call
