@@ -22,9 +22,15 @@ own; 0 = unshaped) it measures:
   that a mode that is below its ideal shows whether the CPU or the network holds it back. The
   JSON also keeps the half-duplex figures (half_duplex_*: a NIC's pushes and pulls counted on
   one medium, the two-direction count of earlier versions);
-* for dist_odsgd, the rate its step model predicts (predicted_samples_per_sec, shaped links
-  only): T = max(t_comp, t_link, (push + s * pull + t_comp) / 2), s the largest server key's
-  share of the parameters; see odsgd_step_seconds.
+* for every mode, the rate the step model of odsgd/bench/step_model.py predicts
+  (plan_samples_per_sec, the planner's model: dist_sync t_comp + max(push + s * pull,
+  t_link), dist_async t_comp + t_link, dist_odsgd max(t_comp, t_link, (push + s * pull +
+  t_comp) / 2), s the largest server key's share of the parameters; unshaped the link terms
+  are 0), and for dist_odsgd on a shaped link the same as predicted_samples_per_sec.
+
+With --device-profile or --compute-ms the workers are accelerator-paced
+(odsgd/bench/paced.py): they wait the accelerator's step time instead of computing, and
+exchange the real parameter shapes of --model, scaled down with the link by --byte-scale.
 
 Writes a table to the console, --json FILE (key "runs", one entry per mode and bandwidth) and
 a PNG plot beside it.
@@ -37,13 +43,18 @@ import sys
 import tempfile
 import time
 
-from .. import config as store_config
+from . import device_profiles
 from .cpu_meter import JobCPUMeter
 from .jobs import (TOPOLOGIES, TOPOLOGY_HELP, JobFailed, job_environment, job_placement,
                    link_bytes_per_sec, link_step_seconds, run_job, step_wire_bytes)
+from .model_shapes import MODEL_NAMES, scaled_sizes
+from .paced import scaled_store_environment
+# The step model's formulas, named here too for the code and tests that know them here.
+from .step_model import (LINK_FORMULA, MODES, largest_key_share, link_times,  # noqa: F401
+                         mode_shares,
+                         model_compute_seconds, odsgd_step_seconds, predict_modes,
+                         predicted_samples_per_sec, push_pull_seconds)
 from .throughput_job import MODEL_HELP
-
-MODES = ("dist_sync", "dist_async", "dist_odsgd")
 
 
 def parse_args(argv=None):
@@ -79,9 +90,21 @@ def parse_args(argv=None):
                         "progress every 5 s)")
     p.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)),
                    help="cores the job has, for the CPU bound (default: this process's)")
+    p.add_argument("--device-profile", default=None,
+                   help="accelerator-paced workers: wait this accelerator's step time for "
+                        "--model at --batch-size instead of computing (%s; "
+                        "odsgd/bench/device_profiles.py)" % device_profiles.DEVICE_NAMES)
+    p.add_argument("--compute-ms", type=float, default=None,
+                   help="accelerator-paced workers: wait this many ms per step instead of "
+                        "computing (wins over --device-profile's step time)")
+    p.add_argument("--byte-scale", type=int, default=1,
+                   help="accelerator-paced workers: every array's element count and the "
+                        "link's rate divided by this (the --bandwidth-mbit values stay the "
+                        "cluster's; the store's size settings are divided too)")
     p.add_argument("--json", default="results/throughput.json")
     p.add_argument("--plot", default=None, help="PNG path (default: beside --json)")
     args = p.parse_args(argv)
+    _check_paced(p, args)
     args.bandwidths = [int(b) for b in args.bandwidth_mbit.split(",") if b.strip() != ""]
     args.mode_list = [m.strip() for m in args.modes.split(",") if m.strip()]
     for mode in args.mode_list:
@@ -92,12 +115,42 @@ def parse_args(argv=None):
     return args
 
 
+def _check_paced(parser, args):
+    """Sets args.paced and, from --device-profile, args.compute_ms; refuses what a paced run
+    cannot do (a model without a shapes table, a byte scale without pacing)."""
+    args.paced = args.device_profile is not None or args.compute_ms is not None
+    if not args.paced:
+        if args.byte_scale != 1:
+            parser.error("--byte-scale scales the arrays of an accelerator-paced worker; add "
+                         "--device-profile or --compute-ms (a computed model's arrays are "
+                         "its own)")
+        return
+    try:
+        scaled_sizes(args.model, args.byte_scale)
+        if args.device_profile is not None:
+            step = device_profiles.step_seconds(args.model, args.device_profile,
+                                                args.batch_size)
+            args.compute_ms = 1e3 * step if args.compute_ms is None else args.compute_ms
+    except ValueError as refusal:
+        parser.error(str(refusal))
+    if args.compute_ms < 0:
+        parser.error("--compute-ms must be >= 0, got %g" % args.compute_ms)
+
+
+def shaped_mbit(args, bandwidth):
+    """The rate a link of `bandwidth` Mbit/s (the cluster's) is shaped to: divided by the
+    byte scale, as the arrays are."""
+    return bandwidth / float(getattr(args, "byte_scale", 1))
+
+
 def _job_args(args, out, **extra):
     job = ["odsgd.bench.throughput_job", "--model", args.model, "--batch-size",
            args.batch_size, "--image-size", args.image_size, "--mlp-hidden", args.mlp_hidden,
            "--dense-layers", args.dense_layers, "--dense-width", args.dense_width,
            "--steps", args.steps,
            "--skip", args.skip, "--out", out]
+    if getattr(args, "compute_ms", None) is not None:
+        job += ["--compute-ms", args.compute_ms, "--byte-scale", args.byte_scale]
     for key, value in extra.items():
         job += ["--" + key.replace("_", "-"), value]
     return job
@@ -105,6 +158,7 @@ def _job_args(args, out, **extra):
 
 def _env(args, mode=None):
     env = {"OMP_NUM_THREADS": str(args.omp_threads)}
+    env.update(scaled_store_environment(getattr(args, "byte_scale", 1)))
     if mode == "dist_odsgd":
         env.update(ODSGD_WARMUP_STEPS=str(args.warmup_steps),
                    ODSGD_METRICS_INTERVAL=str(args.overlap_interval))
@@ -193,13 +247,16 @@ def run(args):
     print("t_comp = %.1f ms per step (%s: %d parameter arrays, %.1f MB; batch %d, one process)"
           % (1e3 * t_comp, args.model, compute["parameter_arrays"],
              compute["parameter_bytes"] / 1e6, args.batch_size), flush=True)
+    if args.paced:
+        print(_paced_line(_paced_fields(args, args.bandwidths[0])), flush=True)
     runs = []
     for bandwidth in args.bandwidths:
         samples = {mode: [] for mode in args.mode_list}
         cores = {mode: [] for mode in args.mode_list}
         resolutions = {mode: [] for mode in args.mode_list}
         overlaps = []
-        with job_placement(args.topology, bandwidth, args.workers, args.servers) as place:
+        with job_placement(args.topology, shaped_mbit(args, bandwidth), args.workers,
+                           args.servers) as place:
             t_comm = measure_comm(args, place)
             print("[%s] t_comm = %.1f ms per step" % (_bw(bandwidth), 1e3 * t_comm), flush=True)
             for repeat in range(args.repeats):
@@ -290,84 +347,6 @@ def link_fields(topology, workers, servers, parameter_bytes, bandwidth):
                 topology, workers, servers, parameter_bytes, bandwidth, duplex="half")}
 
 
-#: t_link of each topology, N workers, S servers, M bytes of parameters, R bytes/s per queue
-#: (link_bytes_per_sec: one NIC direction on hosts, the one loopback queue)
-LINK_FORMULA = {"hosts": "max(M/R, N*M/(S*R))", "loopback": "2*N*M/R"}
-
-
-def push_pull_seconds(topology, workers, servers, parameter_bytes, bandwidth_mbit):
-    """(push, pull): one step's time of its pushes and of its pulls on the busiest shaped
-    queue each passes, R = link_bytes_per_sec; None unshaped.
-
-    hosts: the pushes go out of the workers' NICs and into the servers', the pulls the other
-    way, each on the other direction of a full-duplex NIC: each direction's busiest queue
-    carries max(M, N*M/S) of them, so push = pull = max(M/R, N*M/(S*R)) = t_link (one
-    direction's time, link_step_seconds). loopback: the one shaped queue carries both, N*M of
-    each: push = pull = N*M/R, push + pull = t_link = 2*N*M/R."""
-    rate = link_bytes_per_sec(bandwidth_mbit)
-    if rate is None:
-        return None
-    if topology == "hosts":
-        one_way = step_wire_bytes(topology, workers, servers, parameter_bytes) / rate
-        return one_way, one_way
-    if topology == "loopback":
-        return workers * parameter_bytes / rate, workers * parameter_bytes / rate
-    raise ValueError("topology must be one of %s, got %r" % (", ".join(TOPOLOGIES), topology))
-
-
-def odsgd_step_seconds(t_comp, one_direction, push, pull, last_share=1.0):
-    """dist_odsgd's step time in its model: T = max(t_comp, one_direction,
-    (push + last_share * pull + t_comp) / 2).
-
-    Each of the three is a lower bound: a worker computes one step after another (t_comp);
-    the busiest queue carries one step's bytes in each step (one_direction, the link bound's
-    t_link); and with the one-step delay, step t's push, the servers' answer to it (its
-    pull) and the computation of the step that needs those weights (step t + 2 starts from
-    round t's global weights) form a chain that two steps' time must hold. The step's keys
-    travel as separate requests (odsgd/exchange.py), so the answers of the first keys come
-    back while the later keys' gradients still go out: the chain waits for the whole push
-    and the answer of the last key only, `last_share` of the pull (the largest key's share of
-    the parameters, largest_key_share; 1 for one key):
-    t_comp + push + last_share * pull <= 2 T."""
-    return max(t_comp, one_direction, (push + last_share * pull + t_comp) / 2.0)
-
-
-def predicted_samples_per_sec(per_step, t_comp, one_direction, push, pull, last_share=1.0):
-    """Samples/s of the whole job (`per_step` = N B samples a step) at odsgd_step_seconds."""
-    return per_step / odsgd_step_seconds(t_comp, one_direction, push, pull, last_share)
-
-
-def largest_key_share(sizes, fusion_elements, part_elements):
-    """The largest server key's share of the parameters (elements) when dist_odsgd packs
-    arrays of `sizes` elements (in the store's order) into key groups of at most
-    `fusion_elements` and cuts each into parts of at most `part_elements`
-    (odsgd/key_plan.py, odsgd/key_groups.py); 1.0 for no arrays."""
-    from ..key_groups import part_bounds
-    from ..key_plan import plan_fusion
-    total = sum(sizes)
-    if not total:
-        return 1.0
-    groups = plan_fusion(sizes, [None] * len(sizes), fusion_elements)
-    largest = max(size for group in groups
-                  for _, size in part_bounds(sum(sizes[p] for p in group), part_elements))
-    return largest / float(total)
-
-
-def model_compute_seconds(t_comp, cpu_seconds_per_step=None, cores=None):
-    """The computation time of a step for the step model: the larger of `t_comp` (one
-    step's forward and backward alone in one process on an otherwise idle machine, as
-    measured by measure_compute: what a worker's computation takes at least) and, where the
-    CPU meter measured the mode, its CPU seconds per step over the cores (the time the
-    machine's cores need for the CPU work of one step of every process of the job: the
-    workers' computation with its local update and copies, the servers' sums and updates,
-    the TCP copies). The first binds where cores are plentiful, the second where the job's
-    processes share few cores, as on the 2-core machine of docs/benchmarks.md, where t_comp
-    alone would leave out the contention that every mode runs under."""
-    if cpu_seconds_per_step and cores:
-        return max(t_comp, cpu_seconds_per_step / cores)
-    return t_comp
-
-
 def prediction_fields(entry, per_step, bandwidth_mbit):
     """The step model's fields of a dist_odsgd entry (after cpu_summary and link_fields):
     the model's t_comp, push, pull and step time, and predicted_samples_per_sec; {} unshaped
@@ -388,44 +367,93 @@ def prediction_fields(entry, per_step, bandwidth_mbit):
             "predicted_samples_per_sec": per_step / step}
 
 
+def plan_fields(entry, per_step, bandwidth_mbit, sizes=None, environ=None):
+    """The step model's prediction for the mode of `entry` (after cpu_summary and
+    link_fields; step_model.predict_modes): plan_step_seconds, plan_samples_per_sec,
+    plan_binds, plan_share, plan_formula. The computation is the measured t_comp; the job's
+    CPU seconds per step over its cores, where measured, bound it too. `sizes`: the arrays'
+    elements (for s; without them s = 1), `environ`: the job's store settings."""
+    link = link_times(entry["topology"], entry["workers"], entry["servers"],
+                      entry["parameter_bytes"], bandwidth_mbit)
+    cpu, cores = entry.get("cpu_seconds_per_step"), entry.get("cores")
+    shares = mode_shares(sizes, entry["servers"], environ)
+    return predict_modes(link, per_step, entry["t_comp"], shares,
+                         cpu / cores if cpu and cores else 0.0, modes=[entry["mode"]]
+                         )[entry["mode"]]
+
+
+def _paced_fields(args, bandwidth):
+    """What an accelerator-paced run records beside its rates (nothing for a computed one):
+    the wait per step, the device, the byte scale, the shaped rate, the model's bytes at
+    scale 1 and, with a device profile, the local update's estimated time on its GPU."""
+    if not getattr(args, "paced", False):
+        return {}
+    elements = sum(scaled_sizes(args.model, 1))
+    fields = {"compute_ms": args.compute_ms, "device_profile": args.device_profile,
+              "byte_scale": args.byte_scale, "shaped_mbit": shaped_mbit(args, bandwidth),
+              "unscaled_parameter_bytes": 4 * elements, "model_for_shapes": args.model}
+    if args.device_profile is not None:
+        device = device_profiles.accelerator(args.device_profile)
+        fields.update(device=device.description, device_source=device.source,
+                      device_step_is_estimate=device_profiles.is_estimate(args.model),
+                      local_update_gpu_seconds=device_profiles.local_update_seconds(
+                          elements, args.device_profile))
+    return fields
+
+
+def _entry(args, mode, bandwidth, rates, t_comp, t_comm):
+    per_step = args.workers * args.batch_size
+    return {"mode": mode, "model": args.model, "mlp_hidden": args.mlp_hidden,
+            "workers": args.workers, "dense_layers": args.dense_layers,
+            "dense_width": args.dense_width, "image_size": args.image_size,
+            "servers": args.servers, "batch_size": args.batch_size,
+            "topology": args.topology,
+            "bandwidth_mbit": bandwidth, "repeats": len(rates),
+            "samples_per_sec": statistics.median(rates),
+            "samples_per_sec_min": min(rates), "samples_per_sec_max": max(rates),
+            "samples_per_sec_all": rates, "t_comp": t_comp, "t_comm": t_comm,
+            "ssgd_bound_samples_per_sec": per_step / (t_comp + t_comm),
+            "ideal_samples_per_sec": per_step / max(t_comp, t_comm)}
+
+
 def _summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores, resolutions=None):
     per_step = args.workers * args.batch_size
-    t_comp = compute["t_comp"]
+    shaped = shaped_mbit(args, bandwidth)
+    sizes = compute.get("parameter_sizes")
+    # the store's size settings the job ran with
+    environ = dict(os.environ, **scaled_store_environment(getattr(args, "byte_scale", 1)))
     link = link_fields(args.topology, args.workers, args.servers, compute["parameter_bytes"],
-                       bandwidth)
+                       shaped)
     runs = []
     for mode, rates in samples.items():
-        entry = {"mode": mode, "model": args.model, "mlp_hidden": args.mlp_hidden,
-                 "workers": args.workers, "dense_layers": args.dense_layers,
-                 "dense_width": args.dense_width, "image_size": args.image_size,
-                 "servers": args.servers, "batch_size": args.batch_size,
-                 "topology": args.topology,
-                 "bandwidth_mbit": bandwidth, "repeats": len(rates),
-                 "samples_per_sec": statistics.median(rates),
-                 "samples_per_sec_min": min(rates), "samples_per_sec_max": max(rates),
-                 "samples_per_sec_all": rates, "t_comp": t_comp, "t_comm": t_comm,
-                 "ssgd_bound_samples_per_sec": per_step / (t_comp + t_comm),
-                 "ideal_samples_per_sec": per_step / max(t_comp, t_comm)}
+        entry = _entry(args, mode, bandwidth, rates, compute["t_comp"], t_comm)
         entry.update(link)
         entry.update(cpu_summary(rates, cores[mode], args.cores, per_step,
                                  link["wire_seconds"], link["half_duplex_wire_seconds"]),
                      parameter_arrays=compute["parameter_arrays"])
+        entry.update(_paced_fields(args, bandwidth))
         known = [r for r in (resolutions or {}).get(mode, []) if r is not None]
         entry["cores_resolution"] = statistics.median(known) if known else None
+        entry.update(plan_fields(entry, per_step, shaped, sizes, environ))
         if mode == "dist_odsgd":
-            if compute.get("parameter_sizes"):
-                entry["largest_key_share"] = largest_key_share(
-                    compute["parameter_sizes"], store_config.fusion_elements(),
-                    store_config.part_elements())
-            entry.update(prediction_fields(entry, per_step, bandwidth))
-        if mode == "dist_odsgd" and overlaps:
-            waits = [o["mean_wait_s"] for o in overlaps if o["mean_wait_s"] is not None]
-            if waits:
-                wait = statistics.mean(waits)
-                entry["overlap_mean_wait_s"] = wait
-                entry["overlap_hidden_fraction"] = max(0.0, 1.0 - wait / t_comm) if t_comm else None
+            if sizes:
+                entry["largest_key_share"] = mode_shares(sizes, args.servers,
+                                                         environ)["dist_odsgd"]
+            entry.update(prediction_fields(entry, per_step, shaped))
+            entry.update(_overlap_fields(overlaps, t_comm))
         runs.append(entry)
     return runs
+
+
+def _overlap_fields(overlaps, t_comm):
+    """dist_odsgd's overlap meter over the repeats: the mean wait and the share of t_comm
+    hidden; {} without a measured wait."""
+    waits = [o["mean_wait_s"] for o in overlaps or [] if o["mean_wait_s"] is not None]
+    if not waits:
+        return {}
+    wait = statistics.mean(waits)
+    return {"overlap_mean_wait_s": wait,
+            "overlap_hidden_fraction": max(0.0, 1.0 - wait / t_comm) if t_comm else None}
 
 
 def print_table(runs):
@@ -444,7 +472,7 @@ def print_table(runs):
             rate = r["samples_per_sec"]
             hidden = r.get("overlap_hidden_fraction")
             bound = r.get("bound_samples_per_sec")
-            predicted = r.get("predicted_samples_per_sec")
+            predicted = r.get("plan_samples_per_sec") or r.get("predicted_samples_per_sec")
             print("%-12s %-11s %8.1f (%6.1f-%6.1f) %7s %7s %7.2f %6s %9s %9s %9s %7s %6s %9s %6s"
                   % (_bw(bandwidth), mode, rate, r["samples_per_sec_min"],
                      r["samples_per_sec_max"],
@@ -458,19 +486,48 @@ def print_table(runs):
                      "%.0f%%" % (100 * hidden) if hidden is not None else "-",
                      _rate(predicted), "%.2f" % (rate / predicted) if predicted else "-"))
             if predicted:
-                print("%-12s %-11s %8s   predicted: T = %s = %.1f ms (t_comp %.1f ms, "
-                      "t_link %.1f ms, push %.1f ms, pull %.1f ms, s %.2f)"
-                      % ("", "", "", r["predicted_formula"],
-                         1e3 * r["predicted_step_seconds"], 1e3 * r["predicted_t_comp"],
-                         1e3 * r["wire_seconds"], 1e3 * r["predicted_push_seconds"],
-                         1e3 * r["predicted_pull_seconds"],
-                         r.get("predicted_last_share", 1.0)))
+                print("%-12s %-11s %8s   predicted: %s" % ("", "", "", _prediction_line(r)))
         any_run = next(iter(modes.values()))
         print("%-12s %-11s %8.1f   t_comp %.1f ms, t_comm %.1f ms; SSGD bound %.1f"
               % ("", "ideal", any_run["ideal_samples_per_sec"], 1e3 * any_run["t_comp"],
                  1e3 * any_run["t_comm"], any_run["ssgd_bound_samples_per_sec"]))
         print("%-12s %-11s %8s   %s" % ("", "link", _rate(any_run.get(
             "link_bound_samples_per_sec")), _link_line(any_run)))
+        if any_run.get("byte_scale"):
+            print("%-12s %-11s %8s   %s" % ("", "paced", "", _paced_line(any_run)))
+
+
+def _prediction_line(r):
+    """How a run's predicted rate came about, for the table: dist_odsgd's model on a shaped
+    link with its terms (as before the other modes had one), else the mode's formula, step
+    time and what binds."""
+    if r.get("predicted_samples_per_sec"):
+        return ("T = %s = %.1f ms (t_comp %.1f ms, t_link %.1f ms, push %.1f ms, pull %.1f "
+                "ms, s %.2f; binds: %s)"
+                % (r["predicted_formula"], 1e3 * r["predicted_step_seconds"],
+                   1e3 * r["predicted_t_comp"], 1e3 * r["wire_seconds"],
+                   1e3 * r["predicted_push_seconds"], 1e3 * r["predicted_pull_seconds"],
+                   r.get("predicted_last_share", 1.0), r.get("plan_binds", "-")))
+    return ("T = %s = %.1f ms (t_comp %.1f ms, t_link %.1f ms, s %.2f; binds: %s)"
+            % (r["plan_formula"], 1e3 * r["plan_step_seconds"], 1e3 * r["t_comp"],
+               1e3 * (r.get("wire_seconds") or 0.0), r.get("plan_share", 1.0),
+               r.get("plan_binds", "-")))
+
+
+def _paced_line(r):
+    """What an accelerator-paced run waited and exchanged, for the console."""
+    device = ("%s, %s" % (r["device_profile"], r["device"]) if r.get("device_profile")
+              else "--compute-ms")
+    text = ("accelerator-paced: %.1f ms per step (%s); %s's shapes, %.1f MB at scale 1"
+            % (r["compute_ms"], device, r["model_for_shapes"],
+               r["unscaled_parameter_bytes"] / 1e6))
+    if r["byte_scale"] != 1:
+        text += ("; byte scale %d: arrays and link / %d (NICs shaped to %g Mbit/s)"
+                 % (r["byte_scale"], r["byte_scale"], r["shaped_mbit"]))
+    if r.get("local_update_gpu_seconds") is not None:
+        text += ("; the local update on its GPU, not paced here: about %.2f ms"
+                 % (1e3 * r["local_update_gpu_seconds"]))
+    return text
 
 
 def _rate(value):

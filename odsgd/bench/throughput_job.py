@@ -3,7 +3,9 @@ steps and writes this worker's samples/s (and, for dist_odsgd, its overlap meter
 
 Modes: `--kvstore dist_sync|dist_async|dist_odsgd` trains; `--measure compute` times one
 step of forward/backward alone (no kvstore, run as a single process); `--measure comm` times
-push + pull of every parameter with no computation (a dist_sync job).
+push + pull of every parameter with no computation (a dist_sync job). With `--compute-ms` the
+worker is accelerator-paced (odsgd/bench/paced.py): the model's trained arrays at
+`--byte-scale`, and a wait of that many ms in place of forward and backward.
 """
 import argparse
 import json
@@ -12,7 +14,7 @@ import time
 
 import odsgd  # registers dist_odsgd; on servers it loads only the server side
 from odsgd import timeline
-from odsgd.bench import cpu_meter
+from odsgd.bench import cpu_meter, paced
 import mxnet as mx
 import numpy as np
 
@@ -29,6 +31,10 @@ def parse_args(argv=None):
     p.add_argument("--measure", choices=["train", "compute", "comm"], default="train")
     p.add_argument("--steps", type=int, default=30, help="timed steps")
     p.add_argument("--skip", type=int, default=8, help="untimed steps first")
+    p.add_argument("--compute-ms", type=float, default=None,
+                   help="accelerator-paced: wait this long per step instead of computing")
+    p.add_argument("--byte-scale", type=int, default=1,
+                   help="accelerator-paced: every array's element count divided by this")
     p.add_argument("--out", required=True, help="folder for rank<r>.json")
     return p.parse_args(argv)
 
@@ -115,8 +121,14 @@ def timed(step, skip, steps, progress_every=5.0):
 
 
 def model_step(args, trainer_for=None):
-    """(net, step): the model with one synthetic batch, and a function that runs one step's
-    forward and backward, then `trainer.step` when `trainer_for(net)` gives a Trainer."""
+    """(params, step): the trained parameters (a ParameterDict) and a function that runs one
+    step, then `trainer.step` when `trainer_for(params)` gives a Trainer: the model's forward
+    and backward on one synthetic batch, or with --compute-ms the paced worker's wait."""
+    if args.compute_ms is not None:
+        params = paced.paced_parameters(args.model, args.byte_scale)
+        trainer = trainer_for(params) if trainer_for else None
+        return params, paced.paced_step(params, args.compute_ms / 1e3, trainer,
+                                        args.batch_size)
     net, shape, classes = build_model(args.model, args.image_size, args.mlp_hidden,
                                       args.dense_layers, args.dense_width)
     # The first forward (it finishes deferred initialisation) runs in training mode: an
@@ -125,7 +137,8 @@ def model_step(args, trainer_for=None):
     # or a pull never returns). docs/benchmarks.md, "ResNets on CPU".
     with mx.autograd.record():
         net(mx.nd.zeros((1,) + shape))
-    trainer = trainer_for(net) if trainer_for else None
+    params = net.collect_params()
+    trainer = trainer_for(params) if trainer_for else None
     data, label = synthetic_batch(shape, classes, args.batch_size)
     loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
 
@@ -135,13 +148,20 @@ def model_step(args, trainer_for=None):
         loss.backward()
         if trainer is not None:
             trainer.step(args.batch_size)
-    return net, step
+    return params, step
+
+
+def trained_arrays(params):
+    """The weights of the trained parameters in gluon.Trainer's order (it sorts them by
+    name; the store's keys follow it)."""
+    return [params[name].data() for name in sorted(params.keys())
+            if params[name].grad_req != "null"]
 
 
 def measure_compute(args):
-    net, step = model_step(args)
+    params, step = model_step(args)
     seconds, window = timed(step, args.skip, args.steps)
-    trained = [p.data() for p in net.collect_params().values() if p.grad_req != "null"]
+    trained = trained_arrays(params)
     return dict(window, t_comp=seconds, parameter_arrays=len(trained),
                 parameter_bytes=sum(w.size * w.dtype(0).itemsize for w in trained),
                 parameter_sizes=[int(w.size) for w in trained]), 0
@@ -149,9 +169,8 @@ def measure_compute(args):
 
 def measure_comm(args):
     kv = mx.kv.create("dist_sync")
-    net, _ = model_step(args)
-    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
-    weights = [p.data() for p in params]
+    params, _ = model_step(args)
+    weights = trained_arrays(params)
     grads = [mx.nd.zeros_like(w) for w in weights]
     for i, w in enumerate(weights):
         kv.init(i, w)
@@ -167,8 +186,8 @@ def measure_comm(args):
 def measure_training(args):
     kv = mx.kv.create(args.kvstore)
     timeline.start_if_asked(kv.rank)     # ODSGD_TIMELINE set: record a trace (no-op unset)
-    _, step = model_step(args, lambda net: mx.gluon.Trainer(
-        net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9}, kvstore=kv))
+    _, step = model_step(args, lambda params: mx.gluon.Trainer(
+        params, "sgd", {"learning_rate": 0.01, "momentum": 0.9}, kvstore=kv))
     seconds, window = timed(step, args.skip, args.steps)
     result = dict(window, seconds_per_step=seconds, samples_per_sec=args.batch_size / seconds)
     if isinstance(kv, odsgd.DistODSGD):

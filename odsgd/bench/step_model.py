@@ -1,0 +1,191 @@
+"""The step model of dist_sync, dist_async and dist_odsgd: one step's time from the
+computation t_comp and the link, the one place of the formulas that `odsgd.bench throughput`
+(its predicted column) and `odsgd.bench plan` use.
+
+Inputs: t_comp (one worker's forward and backward), t_link (one step's bytes through the
+busiest direction of the busiest shaped queue, odsgd.bench.jobs.link_step_seconds), push and
+pull (push_pull_seconds) and s, the largest server key's share of the parameters (the answer
+the chain waits for last: largest_key_share for dist_odsgd, sync_key_share for MXNet's own
+stores). docs/benchmarks.md, "Accelerator-paced workers and the planner", derives them and
+shows how they fit the measured tables.
+"""
+from .. import config as store_config
+from .jobs import TOPOLOGIES, link_bytes_per_sec, link_step_seconds, step_wire_bytes
+
+MODES = ("dist_sync", "dist_async", "dist_odsgd")
+
+#: t_link of each topology, N workers, S servers, M bytes of parameters, R bytes/s per queue
+#: (link_bytes_per_sec: one NIC direction on hosts, the one loopback queue)
+LINK_FORMULA = {"hosts": "max(M/R, N*M/(S*R))", "loopback": "2*N*M/R"}
+
+#: each mode's step time, as printed beside its prediction
+FORMULAS = {"dist_sync": "t_comp + max(push + s * pull, t_link)",
+            "dist_async": "t_comp + t_link",
+            "dist_odsgd": "max(t_comp, t_link, (push + s * pull + t_comp) / 2)"}
+
+
+def push_pull_seconds(topology, workers, servers, parameter_bytes, bandwidth_mbit):
+    """(push, pull): one step's time of its pushes and of its pulls on the busiest shaped
+    queue each passes, R = link_bytes_per_sec; None unshaped.
+
+    hosts: the pushes go out of the workers' NICs and into the servers', the pulls the other
+    way, each on the other direction of a full-duplex NIC: each direction's busiest queue
+    carries max(M, N*M/S) of them, so push = pull = max(M/R, N*M/(S*R)) = t_link (one
+    direction's time, link_step_seconds). loopback: the one shaped queue carries both, N*M of
+    each: push = pull = N*M/R, push + pull = t_link = 2*N*M/R."""
+    rate = link_bytes_per_sec(bandwidth_mbit)
+    if rate is None:
+        return None
+    if topology == "hosts":
+        one_way = step_wire_bytes(topology, workers, servers, parameter_bytes) / rate
+        return one_way, one_way
+    if topology == "loopback":
+        return workers * parameter_bytes / rate, workers * parameter_bytes / rate
+    raise ValueError("topology must be one of %s, got %r" % (", ".join(TOPOLOGIES), topology))
+
+
+def link_times(topology, workers, servers, parameter_bytes, bandwidth_mbit):
+    """(t_link, push, pull) of one step in seconds (link_step_seconds, push_pull_seconds);
+    (0, 0, 0) unshaped, where the model has only the computation (and the CPU) left."""
+    times = push_pull_seconds(topology, workers, servers, parameter_bytes, bandwidth_mbit)
+    if times is None:
+        return 0.0, 0.0, 0.0
+    return (link_step_seconds(topology, workers, servers, parameter_bytes, bandwidth_mbit),) \
+        + times
+
+
+def odsgd_step_seconds(t_comp, one_direction, push, pull, last_share=1.0):
+    """dist_odsgd's step time in its model: T = max(t_comp, one_direction,
+    (push + last_share * pull + t_comp) / 2).
+
+    Each of the three is a lower bound: a worker computes one step after another (t_comp);
+    the busiest queue carries one step's bytes in each step (one_direction, the link bound's
+    t_link); and with the one-step delay, step t's push, the servers' answer to it (its
+    pull) and the computation of the step that needs those weights (step t + 2 starts from
+    round t's global weights) form a chain that two steps' time must hold. The step's keys
+    travel as separate requests (odsgd/exchange.py), so the answers of the first keys come
+    back while the later keys' gradients still go out: the chain waits for the whole push
+    and the answer of the last key only, `last_share` of the pull (the largest key's share of
+    the parameters, largest_key_share; 1 for one key):
+    t_comp + push + last_share * pull <= 2 T."""
+    return max(t_comp, one_direction, (push + last_share * pull + t_comp) / 2.0)
+
+
+def sync_step_seconds(t_comp, one_direction, push, pull, last_share=1.0):
+    """dist_sync's step time: T = t_comp + max(push + s * pull, t_link). A worker computes,
+    then sends every key's gradient in one request per key (Gluon's pushpull); the servers
+    answer a key once every worker's gradient of it is in, so the answers of the first keys
+    travel while later keys still go out, and the step ends with the last answer: the whole
+    push and the largest key's share s of the pull after t_comp, and never less than the
+    step's bytes through the busiest queue (on one shaped loopback push and pull share it:
+    t_link = push + pull)."""
+    return t_comp + max(push + last_share * pull, one_direction)
+
+
+def async_step_seconds(t_comp, one_direction):
+    """dist_async's step time: T = t_comp + t_link. Each worker waits for its own answers
+    only, but the workers' pushes meet in the servers' NICs: fitted to the measured 2-worker
+    tables (docs/benchmarks.md), where a worker's round trip took as long as the busiest
+    queue's whole step. Perfectly staggered workers could reach
+    max(t_comp + (1 + s) M/R, t_link) instead; none of the measured runs came near it."""
+    return t_comp + one_direction
+
+
+def predicted_samples_per_sec(per_step, t_comp, one_direction, push, pull, last_share=1.0):
+    """Samples/s of the whole job (`per_step` = N B samples a step) at odsgd_step_seconds."""
+    return per_step / odsgd_step_seconds(t_comp, one_direction, push, pull, last_share)
+
+
+def largest_key_share(sizes, fusion_elements, part_elements):
+    """The largest server key's share of the parameters (elements) when dist_odsgd packs
+    arrays of `sizes` elements (in the store's order) into key groups of at most
+    `fusion_elements` and cuts each into parts of at most `part_elements`
+    (odsgd/key_plan.py, odsgd/key_groups.py); 1.0 for no arrays."""
+    from ..key_groups import part_bounds
+    from ..key_plan import plan_fusion
+    total = sum(sizes)
+    if not total:
+        return 1.0
+    groups = plan_fusion(sizes, [None] * len(sizes), fusion_elements)
+    largest = max(size for group in groups
+                  for _, size in part_bounds(sum(sizes[p] for p in group), part_elements))
+    return largest / float(total)
+
+
+def sync_key_share(sizes, servers, bigarray_bound):
+    """The largest server key's share of the parameters under MXNet's dist_sync and
+    dist_async: one key per array, and an array of `bigarray_bound` elements or more
+    (MXNET_KVSTORE_BIGARRAY_BOUND) sliced evenly over the `servers` (kvstore_dist.h,
+    EncodeDefaultKey); 1.0 for no arrays."""
+    total = sum(sizes)
+    if not total:
+        return 1.0
+    largest = max(-(-size // servers) if size >= bigarray_bound else size for size in sizes)
+    return largest / float(total)
+
+
+def mode_shares(sizes, servers, environ=None):
+    """{mode: s} for arrays of `sizes` elements (in the Trainer's order): dist_odsgd's
+    largest key under the store's fusion and part sizes, MXNet's stores' under its big-array
+    bound, all read from `environ` (default the process's; odsgd/config.py); {} without
+    sizes (each s is then 1, the whole pull)."""
+    if not sizes:
+        return {}
+    mxnet_share = sync_key_share(sizes, servers, store_config.bigarray_bound(environ))
+    return {"dist_sync": mxnet_share, "dist_async": mxnet_share,
+            "dist_odsgd": largest_key_share(sizes, store_config.fusion_elements(environ),
+                                            store_config.part_elements(environ))}
+
+
+def model_compute_seconds(t_comp, cpu_seconds_per_step=None, cores=None):
+    """The computation time of a step for dist_odsgd's step model: the larger of `t_comp`
+    (one step's forward and backward alone in one process on an otherwise idle machine, as
+    measured by measure_compute: what a worker's computation takes at least) and, where the
+    CPU meter measured the mode, its CPU seconds per step over the cores (the time the
+    machine's cores need for the CPU work of one step of every process of the job: the
+    workers' computation with its local update and copies, the servers' sums and updates,
+    the TCP copies). The first binds where cores are plentiful, the second where the job's
+    processes share few cores, as on the 2-core machine of docs/benchmarks.md, where t_comp
+    alone would leave out the contention that every mode runs under."""
+    if cpu_seconds_per_step and cores:
+        return max(t_comp, cpu_seconds_per_step / cores)
+    return t_comp
+
+
+def mode_step(mode, t_comp, one_direction, push, pull, share=1.0, cpu_seconds=0.0):
+    """(step seconds, what binds) of `mode`. `cpu_seconds`: the job's CPU seconds per step
+    over its cores, where measured (0 for the planner: a cluster's own cores). dist_odsgd
+    takes it into t_comp (model_compute_seconds, as its recorded predictions did); the
+    others as a bound of its own, max(T, cpu_seconds), which fits their measured tables."""
+    if mode == "dist_odsgd":
+        t_comp = max(t_comp, cpu_seconds)
+        terms = {"compute": t_comp, "link": one_direction,
+                 "chain": (push + share * pull + t_comp) / 2.0}
+        return odsgd_step_seconds(t_comp, one_direction, push, pull, share), \
+            max(terms, key=terms.get)
+    if mode == "dist_sync":
+        step = sync_step_seconds(t_comp, one_direction, push, pull, share)
+    elif mode == "dist_async":
+        step = async_step_seconds(t_comp, one_direction)
+    else:
+        raise ValueError("mode must be one of %s, got %r" % (", ".join(MODES), mode))
+    if cpu_seconds > step:
+        return cpu_seconds, "cpu"
+    return step, ("link" if step - t_comp >= t_comp else "compute") + " (in series)"
+
+
+def predict_modes(link, per_step, t_comp, shares, cpu_seconds=0.0, modes=MODES):
+    """{mode: prediction} for a job whose link is `link` ((one_direction, push, pull) in
+    seconds; (0, 0, 0) unshaped), `per_step` samples a step (N B), computation t_comp and
+    `shares` {mode: s}. A prediction holds plan_step_seconds, plan_samples_per_sec,
+    plan_binds (compute, link, chain or cpu) and plan_formula."""
+    one_direction, push, pull = link
+    result = {}
+    for mode in modes:
+        share = shares.get(mode, 1.0)
+        step, binds = mode_step(mode, t_comp, one_direction, push, pull, share, cpu_seconds)
+        result[mode] = {"plan_step_seconds": step,
+                        "plan_samples_per_sec": per_step / step if step > 0 else None,
+                        "plan_binds": binds, "plan_share": share,
+                        "plan_formula": FORMULAS[mode]}
+    return result

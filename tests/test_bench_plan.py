@@ -1,0 +1,344 @@
+"""The planner (`odsgd.bench plan`), its step model, the accelerator-paced worker and the byte
+scale of the throughput benchmark: closed forms, the predictions recorded in results/, the
+shapes table against the real GluonCV models, and one short paced job."""
+import glob
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import pytest
+
+from odsgd.bench import device_profiles, model_shapes, paced, plan, step_model, throughput
+
+pytestmark = pytest.mark.timeout(60)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+M = 10 ** 6              # bytes of parameters, for the closed forms below
+B_MBIT = 1000            # R = 125e6 bytes/s: M takes 8 ms on one queue
+
+
+def _elements(shape):
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+# -- the shapes table and the device profiles --------------------------------------------------
+
+@pytest.mark.timeout(180)
+def test_shapes_table_is_the_gluoncv_models():
+    """Every trained array of the real models, in gluon.Trainer's order (sorted by name), has
+    the table's shape; and the models' multiply-adds per image (convolutions and dense layers
+    at 224x224, CIFAR's at 32x32) are device_profiles.MULTIPLY_ADDS."""
+    import mxnet as mx
+    from gluoncv.model_zoo import get_model
+    sizes = {"resnet50_v1": (1000, 224), "resnet18_v2": (1000, 224),
+             "cifar_resnet20_v1": (10, 32)}
+    assert set(sizes) == set(model_shapes.SHAPES) == set(device_profiles.MULTIPLY_ADDS)
+    for name, (classes, image) in sizes.items():
+        net = get_model(name, classes=classes)
+        net.initialize()
+        counted = [0]
+
+        def count(block, _inputs, output):
+            weight = block.weight.data()
+            counted[0] += output.size // output.shape[0] * (weight.size // weight.shape[0])
+
+        _hook_layers(net, count, (mx.gluon.nn.Conv2D, mx.gluon.nn.Dense))
+        with mx.autograd.record():
+            net(mx.nd.zeros((1, 3, image, image)))
+        params = net.collect_params()
+        trainer = mx.gluon.Trainer(params, "sgd")
+        shapes = [tuple(p.shape) for p in trainer._params if p.grad_req != "null"]
+        assert shapes == list(model_shapes.SHAPES[name]), name
+        assert counted[0] == device_profiles.MULTIPLY_ADDS[name], name
+
+
+def _hook_layers(block, hook, kinds):
+    if isinstance(block, kinds):
+        block.register_forward_hook(hook)
+    for child in block._children.values():
+        _hook_layers(child, hook, kinds)
+
+
+def test_device_step_times_from_the_published_figures():
+    """V100 FP32: 384 images/s of ResNet-50 at batch 96, so 250 ms a step there and linear
+    in the batch; the other models by multiply-adds; the local update moves 20 bytes per
+    element at 900 GB/s."""
+    assert device_profiles.step_seconds("resnet50_v1", "v100", 96) == pytest.approx(0.25)
+    assert device_profiles.step_seconds("resnet50_v1", "v100", 192) == pytest.approx(0.5)
+    assert device_profiles.step_seconds("resnet50_v1", "a100-amp", 256) == \
+        pytest.approx(256 / 2180.0)
+    ratio = 40813184 / 3857973248.0
+    assert device_profiles.step_seconds("cifar_resnet20_v1", "v100", 128) == \
+        pytest.approx(128 * ratio / 384.0)
+    assert not device_profiles.is_estimate("resnet50_v1")
+    assert device_profiles.is_estimate("resnet18_v2")
+    elements = sum(model_shapes.scaled_sizes("resnet50_v1"))
+    assert device_profiles.local_update_seconds(elements, "v100") == \
+        pytest.approx(elements * 20 / 900e9)
+    with pytest.raises(ValueError, match="unknown device profile 'h100'.*v100"):
+        device_profiles.step_seconds("resnet50_v1", "h100", 96)
+    with pytest.raises(ValueError, match="no step time for model 'mlp'"):
+        device_profiles.step_seconds("mlp", "v100", 96)
+    with pytest.raises(ValueError, match="batch size must be >= 1"):
+        device_profiles.step_seconds("resnet50_v1", "v100", 0)
+
+
+# -- the byte scale ----------------------------------------------------------------------------
+
+def test_byte_scale_divides_every_array_and_keeps_their_count():
+    full = model_shapes.scaled_sizes("resnet50_v1")
+    scaled = model_shapes.scaled_sizes("resnet50_v1", 64)
+    assert len(scaled) == len(full) == 193
+    assert scaled == [max(1, n // 64) for n in full]
+    assert min(model_shapes.scaled_sizes("cifar_resnet20_v1", 10 ** 6)) == 1
+    assert model_shapes.scaled_shapes("cifar_resnet20_v1", 1)[2] == (16, 3, 3, 3)
+    assert model_shapes.scaled_shapes("cifar_resnet20_v1", 4)[2] == (108,)
+    for bad in (0, -2, 1.5):
+        with pytest.raises(ValueError, match="byte scale must be an integer >= 1"):
+            model_shapes.scaled_sizes("resnet50_v1", bad)
+    with pytest.raises(ValueError, match="no parameter shapes for model 'mlp'.*resnet50_v1"):
+        model_shapes.scaled_sizes("mlp")
+
+
+def test_byte_scale_keeps_the_link_time_and_the_key_plan():
+    """Bytes and link rate divided by K: t_link, push and pull stay the cluster's (to the
+    rounding of the arrays); the store's size settings are divided too, so dist_odsgd's
+    largest key keeps its share."""
+    full = model_shapes.scaled_sizes("resnet50_v1")
+    scaled = model_shapes.scaled_sizes("resnet50_v1", 64)
+    cluster = step_model.link_times("hosts", 12, 1, 4 * sum(full), 10000)
+    emulated = step_model.link_times("hosts", 12, 1, 4 * sum(scaled), 10000 / 64.0)
+    for a, b in zip(cluster, emulated):
+        assert b == pytest.approx(a, rel=0.01)
+    environ = paced.scaled_store_environment(64, {})
+    assert environ == {"MXNET_KVSTORE_BIGARRAY_BOUND": "15625",
+                       "ODSGD_FUSION_ELEMENTS": "1024", "ODSGD_PART_ELEMENTS": "4096"}
+    assert paced.scaled_store_environment(1, {}) == {}
+    assert paced.scaled_store_environment(8, {"ODSGD_FUSION_ELEMENTS": "0"})[
+        "ODSGD_FUSION_ELEMENTS"] == "0"                         # off stays off
+    assert step_model.mode_shares(scaled, 1, environ)["dist_odsgd"] == pytest.approx(
+        step_model.mode_shares(full, 1, {})["dist_odsgd"], rel=0.02)
+
+
+# -- the step model and the planner ------------------------------------------------------------
+
+@pytest.mark.parametrize("topology,sync_ms,async_ms,odsgd_ms,binds", [
+    # hosts, N=2, S=1: t_link = push = pull = 16 ms; t_comp 30 ms, s 0.5 (MXNet), 0.25 (odsgd)
+    # sync 30 + max(16 + 8, 16) = 54; async 30 + 16 = 46; odsgd max(30, 16, (16+4+30)/2) = 30
+    ("hosts", 54.0, 46.0, 30.0, "compute"),
+    # loopback: t_link 32 ms, push = pull = 16 ms: sync 30 + max(24, 32) = 62; async 62;
+    # odsgd max(30, 32, 25) = 32, the link
+    ("loopback", 62.0, 62.0, 32.0, "link"),
+])
+def test_planner_closed_forms(topology, sync_ms, async_ms, odsgd_ms, binds):
+    shares = {"dist_sync": 0.5, "dist_async": 0.5, "dist_odsgd": 0.25}
+    result = plan.plan_cluster(M, shares, 2, 1, B_MBIT, 100, 0.030, topology)
+    modes = result["modes"]
+    for mode, ms in (("dist_sync", sync_ms), ("dist_async", async_ms),
+                     ("dist_odsgd", odsgd_ms)):
+        assert modes[mode]["plan_step_seconds"] == pytest.approx(ms / 1e3), mode
+        assert modes[mode]["plan_samples_per_sec"] == pytest.approx(200 / (ms / 1e3)), mode
+    assert modes["dist_odsgd"]["plan_binds"] == binds
+    # the chain binds when push + s * pull + t_comp > 2 max(t_comp, t_link)
+    step, what = step_model.mode_step("dist_odsgd", 0.030, 0.016, 0.016, 0.016, 1.0)
+    assert (step, what) == (pytest.approx(0.031), "chain")
+    # MXNet's stores: one key per array, arrays of the big-array bound or more sliced
+    assert step_model.sync_key_share([100, 300], 2, 200) == pytest.approx(150 / 400.0)
+    assert step_model.sync_key_share([100, 300], 2, 1000) == pytest.approx(300 / 400.0)
+    # the CPU, where measured, bounds MXNet's modes as a term of its own
+    assert step_model.mode_step("dist_sync", 0.03, 0.016, 0.016, 0.016, 0.5, 0.1) == \
+        (0.1, "cpu")
+
+
+def _recorded(pattern):
+    for path in sorted(glob.glob(os.path.join(REPO, "results", pattern))):
+        with open(path) as f:
+            for run in json.load(f)["runs"]:
+                yield os.path.basename(path), run
+
+
+def test_planner_reproduces_the_recorded_predictions():
+    """Every dist_odsgd entry of results/throughput_hosts_exchange26_*.json with a
+    predicted rate: the planner, given the same t_comp (the model's, CPU included), link and
+    share, predicts the same samples/s."""
+    checked = 0
+    for name, r in _recorded("throughput_hosts_exchange26_*.json"):
+        if r["mode"] != "dist_odsgd" or not r.get("predicted_samples_per_sec"):
+            continue
+        share = r.get("predicted_last_share") or 1.0
+        result = plan.plan_cluster(r["parameter_bytes"], {"dist_odsgd": share}, r["workers"],
+                                   r["servers"], r["bandwidth_mbit"], r["batch_size"],
+                                   r["predicted_t_comp"], r["topology"])
+        assert result["modes"]["dist_odsgd"]["plan_samples_per_sec"] == pytest.approx(
+            r["predicted_samples_per_sec"], rel=1e-9), (name, r["bandwidth_mbit"])
+        assert result["t_link"] == pytest.approx(r["wire_seconds"], rel=1e-9)
+        checked += 1
+    assert checked == 9
+
+
+def _sizes_of(run):
+    if run["model"] == "mlp":
+        h = run["mlp_hidden"]
+        return [1024 * h, h, h * h, h, h * 10, 10]
+    return model_shapes.scaled_sizes(run["model"])
+
+
+def test_sync_and_async_models_fit_the_measured_hosts_tables():
+    """measured / predicted samples/s of dist_sync and dist_async in every shaped run of
+    results/throughput_hosts*.json (2 and 4 workers), the model taking each run's t_comp,
+    CPU seconds per step over the cores and shares: the medians docs/benchmarks.md
+    reports, and no run off by more than the range given there."""
+    ratios = {"dist_sync": [], "dist_async": []}
+    for _, r in _recorded("throughput_hosts*.json"):
+        if r["mode"] not in ratios or not r.get("wire_seconds"):
+            continue
+        link = step_model.link_times(r["topology"], r["workers"], r["servers"],
+                                     r["parameter_bytes"], r["bandwidth_mbit"])
+        cpu = (r.get("cpu_seconds_per_step") or 0.0) / r["cores"]
+        shares = step_model.mode_shares(_sizes_of(r), r["servers"], {})
+        predicted = step_model.predict_modes(link, r["workers"] * r["batch_size"], r["t_comp"],
+                                             shares, cpu, [r["mode"]])[r["mode"]]
+        ratios[r["mode"]].append(r["samples_per_sec"] / predicted["plan_samples_per_sec"])
+    assert len(ratios["dist_sync"]) == 6 and len(ratios["dist_async"]) == 15
+    assert statistics.median(ratios["dist_sync"]) == pytest.approx(1.04, abs=0.01)
+    assert statistics.median(ratios["dist_async"]) == pytest.approx(1.03, abs=0.01)
+    assert 0.9 < min(ratios["dist_sync"]) and max(ratios["dist_sync"]) < 1.2
+    assert 0.7 < min(ratios["dist_async"]) and max(ratios["dist_async"]) < 1.2
+
+
+def test_planner_command(capsys):
+    """16 V100s at batch 128 (333.3 ms), 4 servers, 25 Gbit/s: t_link = 16 M / (4 R) =
+    130.9 ms < t_comp, so dist_odsgd is compute-bound at 16 x 128 / 0.3333 = 6144 samples/s."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "plan.json")
+        assert plan.main(["--model", "resnet50_v1", "--workers", "16", "--servers", "4",
+                          "--gbit", "25", "--device", "v100", "--json", out]) == 0
+        with open(out) as f:
+            saved = json.load(f)["plans"]
+    text = capsys.readouterr().out
+    row = next(line for line in text.splitlines() if line.startswith("dist_odsgd"))
+    assert "6144.0" in row and "compute" in row
+    assert "t_link = max(M/R, N*M/(S*R)) = 130.9 ms" in text
+    assert "DeepLearningExamples" in text and "0.57 ms" in text      # source, local update
+    (result,) = saved
+    assert result["t_comp"] == pytest.approx(128 / 384.0)
+    assert result["parameter_bytes"] == 4 * 25575912
+    # a measured time per model, scaled linearly to the batch size
+    plan.main(["--model", "cifar_resnet20_v1", "--workers", "2", "--gbit", "1", "--step-times",
+               '{"cifar_resnet20_v1": {"batch_size": 64, "step_ms": 10}}'])
+    assert "t_comp 20.0 ms" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--model", "mlp", "--device", "v100"], "no parameter shapes for model 'mlp'"),
+    (["--device", "h100"], "unknown device profile 'h100'"),
+    ([], "needs the computation's time: give --device"),
+    (["--device", "v100", "--gbit", "0"], "--gbit takes numbers > 0"),
+    (["--device", "v100", "--workers", "two"], "--workers takes numbers > 0"),
+    (["--step-ms", "-5"], "--step-ms must be > 0"),
+    (["--step-times", "{not json"], "--step-times must be a JSON file or JSON text"),
+    (["--step-times", '{"resnet18_v2": 5}'], "--step-times has no entry for 'resnet50_v1'"),
+    (["--step-times", '{"resnet50_v1": {"step_ms": 5}}'], "must be ms, or"),
+])
+def test_planner_refuses_bad_input(capsys, argv, message):
+    with pytest.raises(SystemExit):
+        plan.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+# -- the paced worker in the throughput benchmark ----------------------------------------------
+
+def test_throughput_options_of_paced_workers(capsys):
+    args = throughput.parse_args(["--model", "resnet50_v1", "--device-profile", "v100",
+                                  "--batch-size", "96", "--byte-scale", "64"])
+    assert args.paced and args.compute_ms == pytest.approx(250.0)
+    assert throughput.shaped_mbit(args, 10000) == pytest.approx(156.25)
+    job = [str(a) for a in throughput._job_args(args, "out")]
+    assert job[job.index("--compute-ms") + 1] == "250.0"
+    assert job[job.index("--byte-scale") + 1] == "64"
+    assert throughput._env(args)["ODSGD_PART_ELEMENTS"] == "4096"
+    assert throughput.parse_args(["--model", "resnet50_v1", "--compute-ms", "5",
+                                  "--device-profile", "v100"]).compute_ms == 5.0
+    for argv, message in [(["--byte-scale", "8"], "--byte-scale scales the arrays"),
+                          (["--compute-ms", "10"], "no parameter shapes for model 'mlp'"),
+                          (["--model", "resnet50_v1", "--device-profile", "p100"],
+                           "unknown device profile 'p100'"),
+                          (["--model", "resnet50_v1", "--compute-ms", "-1"],
+                           "--compute-ms must be >= 0")]:
+        with pytest.raises(SystemExit):
+            throughput.parse_args(argv)
+        assert message in capsys.readouterr().err
+
+
+def test_paced_entries_carry_every_modes_prediction(capsys):
+    """A made-up paced run on hosts (no jobs): N=2, S=1, batch 100, byte scale 4 at a nominal
+    4000 Mbit/s (NICs at 1000), M = 1 MB scaled, t_comp 30 ms: t_link = push = pull = 16 ms;
+    dist_async 30 + 16 = 46 ms; each mode's rate and what binds, the paced fields."""
+    import argparse
+    args = argparse.Namespace(workers=2, servers=1, batch_size=100, topology="hosts",
+                              model="cifar_resnet20_v1", mlp_hidden=8, dense_layers=1,
+                              dense_width=1, image_size=32, cores=2, paced=True,
+                              compute_ms=30.0, device_profile=None, byte_scale=4)
+    compute = {"t_comp": 0.03, "parameter_arrays": 2, "parameter_bytes": M}
+    rates = {mode: [2000.0] for mode in step_model.MODES}
+    cores = {mode: [{"worker": 0.1}] for mode in step_model.MODES}
+    runs = throughput._summarise(args, 4 * B_MBIT, rates, compute, 0.02, [], cores)
+    by_mode = {r["mode"]: r for r in runs}
+    assert by_mode["dist_async"]["plan_step_seconds"] == pytest.approx(0.046)
+    assert by_mode["dist_async"]["plan_samples_per_sec"] == pytest.approx(200 / 0.046)
+    assert by_mode["dist_odsgd"]["plan_samples_per_sec"] == \
+        pytest.approx(by_mode["dist_odsgd"]["predicted_samples_per_sec"])
+    for r in runs:
+        assert (r["bandwidth_mbit"], r["shaped_mbit"], r["byte_scale"]) == (4000, 1000, 4)
+        assert r["wire_seconds"] == pytest.approx(0.016)
+    throughput.print_table(runs)
+    table = capsys.readouterr().out
+    row = next(line for line in table.splitlines() if "dist_async" in line and "Mbit/s" in line)
+    assert "%.1f" % (200 / 0.046) in row and row.split()[-1] == "%.2f" % (2000 * 0.046 / 200)
+    assert "T = t_comp + t_link = 46.0 ms" in table
+    assert "byte scale 4: arrays and link / 4 (NICs shaped to 1000 Mbit/s)" in table
+
+
+def test_paced_worker_trains_the_tables_arrays():
+    """The paced worker's parameters: the table's shapes in the Trainer's order, gradients
+    written once and marked fresh; a step without a Trainer waits its compute time."""
+    import mxnet as mx
+    params = paced.paced_parameters("cifar_resnet20_v1", 1)
+    trainer = mx.gluon.Trainer(params, "sgd", {"learning_rate": 0.1})
+    assert [tuple(p.shape) for p in trainer._params] == \
+        list(model_shapes.SHAPES["cifar_resnet20_v1"])
+    first = params["p000"].grad().asnumpy()
+    assert first.std() > 0 and params["p000"].data()._fresh_grad
+    step = paced.paced_step(params, 0.05)
+    tic = time.perf_counter()
+    for _ in range(3):
+        step()
+    assert 0.15 <= time.perf_counter() - tic < 0.5
+
+
+@pytest.mark.timeout(150)
+def test_paced_job_runs_at_the_predicted_rate_when_compute_bound(tmp_path):
+    """2 paced workers (cifar_resnet20_v1's arrays, 100 ms a step) and a server on the
+    unshaped loopback, dist_odsgd: the step model predicts the compute bound, N B / t_comp.
+    The exchange of 1.1 MB in a few fused keys takes a few ms beside 100 ms of waiting and is
+    hidden behind it; what is not hidden is the worker's own Python between waits and the
+    scheduling of 3 processes on this shared 2-core machine, hence 25% either way (measured
+    0.96 of it on the loaded machine)."""
+    from odsgd.bench.jobs import run_job
+    job = ["odsgd.bench.throughput_job", "--model", "cifar_resnet20_v1", "--compute-ms", 100,
+           "--batch-size", 16, "--steps", 12, "--skip", 4, "--kvstore", "dist_odsgd",
+           "--out", tmp_path]
+    run_job(job, workers=2, servers=1, timeout=120, stall_timeout=60,
+            env={"OMP_NUM_THREADS": "1", "ODSGD_WARMUP_STEPS": "1"})
+    measured = 0.0
+    for rank in range(2):
+        with open(os.path.join(tmp_path, "rank%d.json" % rank)) as f:
+            measured += json.load(f)["samples_per_sec"]
+    predicted = step_model.predict_modes((0.0, 0.0, 0.0), 2 * 16, 0.1, {})["dist_odsgd"]
+    assert predicted["plan_binds"] == "compute"
+    assert 0.75 <= measured / predicted["plan_samples_per_sec"] <= 1.25, measured
