@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import time
+import zlib
 
 import mxnet as mx
 import numpy as np
@@ -35,26 +36,47 @@ _PROBE_WINDOW = 10.0
 #: seconds a worker that never made a step waits at exit for the others (see _exit_round)
 IDLE_EXIT_WAIT = 30.0
 
-# Signatures (check_same): float64 [ndim, dtype code, dims..., 0 padding].
-_SIGNATURE_SLOTS = 2 + 8
+# Signatures (check_same): float64 [key, ndim, dtype code, dims..., 0 padding].
+_SIGNATURE_SLOTS = 3 + 8
 _DTYPES = ("float32", "float64", "float16", "uint8", "int8", "int32", "int64", "bool")
 _SIGNATURE_LIMIT = GROUP_KEY_BASE - SIGNATURE_KEY_BASE
 
 
-def shape_signature(value):
+def key_number(key):
+    """A number for a user's key, exact in float64: an int key itself, 24 bits of a CRC of a
+    string key's name."""
+    if isinstance(key, str):
+        return float(zlib.crc32(key.encode("utf-8")) & 0xFFFFFF)
+    return float(key)
+
+
+def shape_signature(key, value):
+    """The key, shape and dtype of a parameter as a float64 vector (check_same)."""
     shape = tuple(value.shape)
     dtype = np.dtype(value.dtype).name
     signature = np.zeros(_SIGNATURE_SLOTS, dtype="float64")
-    signature[0] = len(shape)
-    signature[1] = _DTYPES.index(dtype) + 1 if dtype in _DTYPES else 99
-    signature[2:2 + min(len(shape), 8)] = shape[:8]
+    signature[0] = key_number(key)
+    signature[1] = len(shape)
+    signature[2] = _DTYPES.index(dtype) + 1 if dtype in _DTYPES else 99
+    signature[3:3 + min(len(shape), 8)] = shape[:8]
     return signature
 
 
 def describe_shape_signature(signature):
-    ndim, code = int(signature[0]), int(signature[1])
+    ndim, code = int(signature[1]), int(signature[2])
     dtype = _DTYPES[code - 1] if 0 < code <= len(_DTYPES) else "another dtype"
-    return "%s %s" % (tuple(int(d) for d in signature[2:2 + min(ndim, 8)]), dtype)
+    return "%s %s (key id %d)" % (tuple(int(d) for d in signature[3:3 + min(ndim, 8)]), dtype,
+                                  int(signature[0]))
+
+
+def describe_values(column):
+    """'4 on ranks 0, 2; 8 on rank 1': the values of one setting over the workers."""
+    ranks = {}
+    for rank, value in enumerate(column):
+        ranks.setdefault(value, []).append(rank)
+    return "; ".join("%d on rank%s %s" % (value, "s" if len(r) > 1 else "",
+                                            ", ".join(str(x) for x in r))
+                     for value, r in sorted(ranks.items(), key=lambda item: item[1][0]))
 
 
 def _zeros(group):
@@ -87,14 +109,55 @@ class WorkerAgreement(object):
         atexit.register(self._check_steps_at_exit)
 
     # -- same model on every worker --------------------------------------------------------
+    def _signature_key(self):
+        """A fresh key of the store's signature range, or None when it is used up."""
+        if self._signatures >= _SIGNATURE_LIMIT:
+            return None
+        self._signatures += 1
+        return SIGNATURE_KEY_BASE + self._signatures - 1
+
+    def gather(self, row):
+        """Collective: every worker's float64 vector `row` (the same length on each), as a
+        table with one row per rank. An all-gather through a fresh control key of the store's
+        own: each worker pushes its row in its place and zeros elsewhere, the servers store the
+        sum (server_updater.py, control keys)."""
+        key = self._signature_key()
+        row = np.asarray(row, dtype="float64")
+        shape = (self.store.num_workers, len(row))
+        servers.send_command(self.raw, servers.control_key_command(key))
+        self.raw.init(key, mx.nd.zeros(shape, dtype="float64"))   # a barrier: all registered
+        mine = np.zeros(shape, dtype="float64")
+        mine[self.store.rank] = row
+        table = mx.nd.zeros(shape, dtype="float64")
+        self.raw.push(key, mx.nd.array(mine, dtype="float64"))
+        self.raw.pull(key, out=table)
+        return table.asnumpy()
+
+    def check_layout(self, settings):
+        """Collective, when the store is made: every worker has the same `settings`, [(name,
+        int value)], the inputs of the servers' key layout (key_plan.layout_settings). A
+        difference is a ValueError on every worker, naming the settings, their values and the
+        ranks; ps-lite would abort a worker or a server instead, or the servers would mix
+        parameters."""
+        table = self.gather([value for _, value in settings])
+        differ = [(name, table[:, i].astype(int)) for i, (name, _) in enumerate(settings)
+                  if len(set(table[:, i])) > 1]
+        if differ:
+            raise ValueError(
+                "dist_odsgd: the workers would lay out the servers' keys differently: %s. These "
+                "settings decide which server holds which parameter: give every worker the same "
+                "values (set them in the environment of the launch command, e.g. `%s=%d python "
+                "-m odsgd.launch ...`, not per host)"
+                % ("; ".join("%s is %s" % (name, describe_values(column))
+                             for name, column in differ), differ[0][0], differ[0][1][0]))
+
     def check_same(self, mine, describe, what):
         """Collective: compares this worker's float64 vector `mine` with rank 0's, which rank 0
         publishes through a fresh key of the store's own (one init, which is a barrier, and one
         pull). Raises ValueError `what(mine_text, rank0_text)` on a difference."""
-        if self._signatures >= _SIGNATURE_LIMIT:
+        key = self._signature_key()
+        if key is None:
             return    # more keys than the signature range holds: checked the first ones
-        key = SIGNATURE_KEY_BASE + self._signatures
-        self._signatures += 1
         mine = np.asarray(mine, dtype="float64")
         self.raw.init(key, mx.nd.array(mine, dtype="float64"))
         theirs = mx.nd.zeros(mine.shape, dtype="float64")
@@ -110,10 +173,10 @@ class WorkerAgreement(object):
         total_val")."""
         rank = self.store.rank
         self.check_same(
-            shape_signature(value), describe_shape_signature,
+            shape_signature(key, value), describe_shape_signature,
             lambda mine, theirs: "parameter shapes differ between workers: key %r is %s on "
-            "worker %d but %s on rank 0; every worker must build the same model"
-            % (key, mine, rank, theirs))
+            "worker %d but %s on rank 0; every worker must build the same model and "
+            "initialise its parameters in the same order" % (key, mine, rank, theirs))
 
     # -- equal step counts -----------------------------------------------------------------
     def fewest_batches(self, local_batches):
@@ -211,11 +274,20 @@ class WorkerAgreement(object):
         if self._done_at_exit:
             return
         self._done_at_exit = True
+        if self.store.failed_step.failed:
+            # The other workers wait for this worker's rounds of the failed step: no collective
+            # can complete; end, so that the launcher ends the job.
+            self._end_worker(self.store.failed_step.describe())
         idle = self.store.global_step == 0 and not self._probe_groups()
         try:
             self._control_round(_EXIT, 0, wait=IDLE_EXIT_WAIT if idle else None)
         except Exception as error:  # noqa: BLE001 - reported, then the worker ends
-            sys.stderr.write("%s\n" % error)
-            sys.stderr.flush()
-            sys.stdout.flush()
-            os._exit(1)
+            self._end_worker(error)
+
+    @staticmethod
+    def _end_worker(reason):
+        """Ends this worker with exit code 1 and `reason` on stderr."""
+        sys.stderr.write("%s\n" % reason)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(1)

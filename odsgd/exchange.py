@@ -30,7 +30,6 @@ import mxnet as mx
 
 from . import native
 from . import server_updater as servers
-from .key_plan import pull_parts
 from .local_update import fused_ops_take
 
 
@@ -40,21 +39,23 @@ class RoundExchange(object):
     def __init__(self, raw):
         self.raw = raw
 
-    def round(self, group, step, fill, out, counted=True, priority=0):
+    def round(self, group, step, fill, out, counted=True):
         """Round `step` (a global step) of `group`: `fill(group)` writes the data into the
         send arrays of its parts, then one push-with-pull request per part brings the weights
         of that round into `out`, a flat buffer of the group. `counted`: a round the servers
         apply (not a probe)."""
         fill(group)
         for part in group.parts:
-            self.raw.pushpull(part.key, part.send, out=part.of(out), priority=priority)
+            if part.answer is None:
+                self.raw.pushpull(part.key, part.send, out=part.of(out))
+            else:
+                # The answer's own array, then the group's buffer: the copies into slices of
+                # one buffer run in part order (one engine variable), and the part's next
+                # fill must not wait for them (Part's docstring).
+                self.raw.pushpull(part.key, part.send, out=part.answer)
+                part.answer.copyto(part.of(out))
         if counted:
             group.server_step = step + 1
-
-    def pull(self, group, out, priority=0):
-        """The newest global weights of `group` into `out`, a flat buffer of the group (queued
-        after every round this worker sent)."""
-        pull_parts(self.raw, group, out, priority)
 
     def sync_round_steps(self, groups):
         """Tells the servers the global step of the next round of each of `groups` where they
@@ -98,10 +99,10 @@ def fill_parts(group, gradients):
         for part in group.parts:
             flat[part.offset:part.offset + part.size].copyto(part.send)
         return
-    if group.summed is not None and gradients[0] is group.views(group.summed)[0]:
-        flat = group.summed             # summed over devices there already
+    if group.gradients is not None and gradients[0] is group.views(group.gradients)[0]:
+        flat = group.gradients          # summed over devices there already
     else:
-        flat = group.summed_buffer()
+        flat = group.gradient_buffer()
         gather(gradients, group, flat)
     for part in group.parts:
         part.of(flat).copyto(part.send)
@@ -112,7 +113,7 @@ def summed_gradients(group, grads):
     one device, else their sum in the group's buffer for it."""
     if all(len(g) == 1 for g in grads):
         return [g[0] for g in grads]
-    views = group.views(group.summed_buffer())
+    views = group.views(group.gradient_buffer())
     for view, per_device in zip(views, grads):
         mx.nd.add_n(*[g.as_in_context(group.context) for g in per_device], out=view)
     return views

@@ -59,16 +59,23 @@ def part_bounds(total, part_elements):
 
 class Part(object):
     """One server key of a group: elements [offset, offset + size) of its flat buffers, and
-    `send`, the array its rounds push from. MXNet's CPU store sends from the pushed array and
-    writes the answer into it before copying it out; an array of its own (not a slice of a
-    group buffer, which would share one engine variable with the other parts) lets each part's
-    request run on its own. On a GPU MXNet copies through a pinned buffer of its own per key."""
+    `send`, the array its rounds push from. MXNet's store sends a CPU array itself and writes
+    the answer into it before copying it out (`comm_buf_ = merged`); an array of its own (not a
+    slice of a group buffer, which would share one engine variable with the other parts) lets
+    each part's request run on its own. A GPU group's `send` lies in pinned CPU memory, which
+    MXNet treats as a CPU array: it sends from it directly there too.
 
-    def __init__(self, key, offset, size, context, dtype):
+    `answer` (parts of a group cut in several only): the array MXNet copies the round's answer
+    into. The answers then reach the group's flat buffer through one more copy each; those
+    copies share the flat buffer's engine variable and run in part order, but only the local
+    update waits for them, while the part's next round waits for its own answer alone."""
+
+    def __init__(self, key, offset, size, context, dtype, own_answer=False):
         self.key = key
         self.offset, self.size = offset, size
         send_context = context if context.device_type == "cpu" else mx.cpu_pinned(0)
         self.send = mx.nd.zeros((size,), send_context, dtype=dtype)
+        self.answer = mx.nd.zeros((size,), context, dtype=dtype) if own_answer else None
         self._views = {}
 
     def of(self, flat):
@@ -99,12 +106,12 @@ class KeyGroup(object):
     current, previous : W_t and W_{t-1}, the last two global weights; `following` receives
         W_{t+1} while the step's local update reads the other two (`rotate`).
     mom, var : the worker's local states (allocated by LocalUpdater), or None.
-    first_step : the global step at which the group was made; `first_step + step` is the
-        global step of its next push.
-    step : pushes made through this group.
+    global_step : the global step of its next push (the step of the job's next step when it is
+        made; a key that sits out steps, a frozen layer, catches up when it is pushed again).
+    pushes : pushes made through this group.
     """
 
-    def __init__(self, server_keys, keys, indices, templates, first_step=0, part_elements=0):
+    def __init__(self, server_keys, keys, indices, templates, global_step=0, part_elements=0):
         first = templates[0]
         self.keys = list(keys)
         self.indices = list(indices)
@@ -122,7 +129,8 @@ class KeyGroup(object):
             bounds = [(0, self.total)]
         if len(keys_given) != len(bounds):
             raise ValueError("%d server keys for %d parts" % (len(keys_given), len(bounds)))
-        self.parts = [Part(key, offset, size, self.context, self.dtype)
+        cut = len(bounds) > 1
+        self.parts = [Part(key, offset, size, self.context, self.dtype, own_answer=cut)
                       for key, (offset, size) in zip(keys_given, bounds)]
         self.server_key = self.parts[0].key
 
@@ -130,20 +138,20 @@ class KeyGroup(object):
             return mx.nd.zeros((self.total,), self.context, dtype=self.dtype)
         self.current, self.previous = zeros(), zeros()
         self.following = None        # made by the first OD round (`following_buffer`)
-        self.summed = None           # the gradients summed over devices (several devices)
+        self.gradients = None        # the step's gradients end to end (`gradient_buffer`)
         self.mom = self.var = None
         self.scratch = None          # receives user pulls and probe rounds
-        self.first_step = first_step
-        self.step = 0
+        self.global_step = global_step
+        self.pushes = 0
         self.server_step = None      # global step the servers give its next round (exchange.py)
         self.retired = False         # its parameters moved to another group
         self.native_answers = {}     # ids of arrays -> whether the fused operators take them
         self._views = {}
 
-    @property
-    def global_step(self):
-        """Global step of this group's next push."""
-        return self.first_step + self.step
+    def advance(self):
+        """After a push: the next one is one global step on."""
+        self.global_step += 1
+        self.pushes += 1
 
     def position(self, key):
         return self.keys.index(key)
@@ -162,10 +170,13 @@ class KeyGroup(object):
             self._views[id(flat)] = views
         return views[1]
 
-    def summed_buffer(self):
-        if self.summed is None:
-            self.summed = mx.nd.zeros((self.total,), self.context, dtype=self.dtype)
-        return self.summed
+    def gradient_buffer(self):
+        """The flat buffer of the step's gradients end to end: summed over this worker's
+        devices where it has several (exchange.summed_gradients), gathered there for a group
+        cut into parts otherwise (exchange.fill_parts)."""
+        if self.gradients is None:
+            self.gradients = mx.nd.zeros((self.total,), self.context, dtype=self.dtype)
+        return self.gradients
 
     def following_buffer(self):
         """The buffer that receives W_{t+1}: neither W_t nor W_{t-1}, which the step's local

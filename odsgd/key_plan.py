@@ -67,22 +67,59 @@ def plan_signature(groups, sizes):
     return float(zlib.crc32(text.encode("ascii")) & 0xFFFFFF)
 
 
-#: MXNet optimizers whose update reads norms of whole arrays (layer-wise trust ratios): a part
-#: of an array would get its own norm.
-WHOLE_ARRAY_OPTIMIZERS = ("lamb", "lars", "lans")
+#: MXNet 1.9.1 optimizers (their registered names) whose update of a part of an array is their
+#: update of the whole array, element for element: their states are elementwise and they read
+#: nothing of the array as a whole but the parameter's update count, which the servers keep
+#: per parameter (server_updater.py). Held to dist_sync for each in tests/test_part_exactness.py.
+#: Every other optimizer travels whole (`cuts_arrays`): 'lamb', 'lars' and 'lbsgd' read norms
+#: of whole arrays (LBSGD also sums gradients outside its state), 'nadam' advances a schedule
+#: shared by all arrays at every update call, 'sgld' draws its noise per call, 'groupadagrad'
+#: reads the rows of 2-D arrays (which no flat key has: it is refused, `check_flat_arrays`), and
+#: an optimizer this list does not name may do any of these.
+PART_EXACT_OPTIMIZERS = ("sgd", "ccsgd", "nag", "signum", "ftml", "dcasgd", "adam", "adagrad",
+                         "rmsprop", "adadelta", "ftrl", "adamax", "test")
+#: optimizers that read the shape of an array, which the store's flat keys do not keep
+SHAPE_READING_OPTIMIZERS = ("groupadagrad",)
 
 
-def check_whole_arrays(optimizer, groups):
-    """ValueError naming the fix when `optimizer` needs whole arrays and one of `groups` is cut
-    into parts (ODSGD_PART_ELEMENTS)."""
-    name = type(optimizer).__name__.lower()
-    split = [g for g in groups if len(g.parts) > 1]
-    if name in WHOLE_ARRAY_OPTIMIZERS and split:
+def registered_name(optimizer):
+    """The name MXNet registers `optimizer`'s class under (None for a class of its own that
+    is not registered, or a subclass of a registered one)."""
+    from mxnet.optimizer import Optimizer
+    for name, cls in Optimizer.opt_registry.items():
+        if type(optimizer) is cls:
+            return name
+    return None
+
+
+def cuts_arrays(optimizer):
+    """Whether the store may cut arrays and fused groups of `optimizer` into parts
+    (ODSGD_PART_ELEMENTS): only where its update on parts is its update on the whole."""
+    return registered_name(optimizer) in PART_EXACT_OPTIMIZERS
+
+
+def check_flat_arrays(optimizer):
+    """ValueError for an optimizer that reads the shapes of arrays: the servers hold every
+    key as a flat array (odsgd/key_groups.py)."""
+    name = registered_name(optimizer)
+    if name in SHAPE_READING_OPTIMIZERS:
         raise ValueError(
-            "the global optimizer %s reads the norm of each whole array, but dist_odsgd cuts "
-            "arrays of more than ODSGD_PART_ELEMENTS elements into parts (key %r has %d "
-            "elements in %d parts); set ODSGD_PART_ELEMENTS=0 for this optimizer"
-            % (type(optimizer).__name__, split[0].keys[0], split[0].total, len(split[0].parts)))
+            "the global optimizer %s reads the rows of 2-D arrays, but dist_odsgd's servers "
+            "hold every parameter as a flat array; use kvstore='dist_sync' for it, or another "
+            "optimizer (e.g. 'adagrad')" % type(optimizer).__name__)
+
+
+def layout_settings(config):
+    """[(setting, value)]: what decides the store's server keys besides the model (whose
+    shapes and order the workers compare key by key, agreement.check_same_shape): which
+    parameters share a key, where an array is cut, how MXNet slices a big key and which server
+    holds each key. Every worker must have the same (agreement.check_layout)."""
+    from .config import bigarray_bound
+    from .environment import num_servers
+    return [("ODSGD_PART_ELEMENTS", config.part_elements),
+            ("ODSGD_FUSION_ELEMENTS", config.fusion_elements),
+            ("MXNET_KVSTORE_BIGARRAY_BOUND", bigarray_bound()),
+            ("DMLC_NUM_SERVER", num_servers())]
 
 
 def init_server_keys(raw, group, value):
@@ -91,10 +128,11 @@ def init_server_keys(raw, group, value):
     raw.init([part.key for part in group.parts], [part.of(value) for part in group.parts])
 
 
-def pull_parts(raw, group, out, priority=0):
-    """The weights the servers hold for `group` into `out`, a flat buffer of the group."""
+def pull_parts(raw, group, out):
+    """The weights the servers hold for `group` into `out`, a flat buffer of the group (queued
+    after every round this worker sent)."""
     for part in group.parts:
-        raw.pull(part.key, out=part.of(out), priority=priority)
+        raw.pull(part.key, out=part.of(out))
 
 
 class StepPlan(object):
@@ -126,14 +164,18 @@ class KeyPlanner(object):
     fusion_elements : int
         Most elements of a fused group; 0 turns fusion off.
     part_elements : int
-        Most elements of a server key; a group's buffers are cut into parts of at most that
-        many (key_groups.py); 0: one key per group.
+        Most elements of a server key (ODSGD_PART_ELEMENTS); a group's buffers are cut into
+        parts of at most that many (key_groups.py); 0: one key per group. It applies where the
+        global optimizer allows (`use_optimizer`).
     """
 
     def __init__(self, raw, agreement, fusion_elements, part_elements=0):
         self.raw = raw
         self.agreement = agreement
         self.fusion_elements = fusion_elements
+        self.configured_part_elements = part_elements
+        #: the part size new groups get: configured_part_elements, or 0 for an optimizer
+        #: that must see whole arrays
         self.part_elements = part_elements
         self.groups = {}           # user key -> the KeyGroup that holds it now
         self._index = {}           # user key -> its index for the global optimizer
@@ -179,13 +221,45 @@ class KeyPlanner(object):
         count = len(part_bounds(total, self.part_elements))
         numbers = server_keys(self._keys_made, count)
         self._keys_made += count
-        return KeyGroup(numbers, keys, indices, templates, first_step=global_step,
+        return KeyGroup(numbers, keys, indices, templates, global_step=global_step,
                         part_elements=self.part_elements)
 
-    def split_groups(self):
-        """The groups cut into more than one part (for the optimizers that need whole
-        arrays)."""
-        return [g for g in self.holding_groups() if len(g.parts) > 1]
+    def use_optimizer(self, optimizer):
+        """Before `optimizer` trains: arrays are cut into parts only where its update of the
+        parts is its update of the whole (`cuts_arrays`); groups cut already (Module
+        initialises its keys before it sets the optimizer) get one whole key each. Collective:
+        every worker sets the same optimizer at the same point of its script."""
+        check_flat_arrays(optimizer)
+        if cuts_arrays(optimizer):
+            self.part_elements = self.configured_part_elements
+            return
+        if self.configured_part_elements and self.part_elements:
+            LOG.info("odsgd: the global optimizer %s is not exact on parts of arrays; its "
+                     "arrays travel whole (ODSGD_PART_ELEMENTS does not apply)",
+                     type(optimizer).__name__)
+        self.part_elements = 0
+        for group in [g for g in self.holding_groups() if len(g.parts) > 1]:
+            self._make_whole(group)
+
+    def _make_whole(self, group):
+        """`group`'s parameters on one new server key (W_t, W_{t-1} and local states carried
+        over, the server key initialised with W_t); the cut group retires."""
+        templates = group.views(group.current)
+        whole = self._new_group(group.keys, group.indices, templates, group.global_step)
+        for buffer in ("current", "previous", "mom", "var"):
+            source = getattr(group, buffer)
+            if source is not None:
+                target = getattr(whole, buffer)
+                if target is None:
+                    target = mx.nd.zeros(source.shape, source.context, dtype=source.dtype)
+                    setattr(whole, buffer, target)
+                source.copyto(target)
+        group.retired = True
+        self._unregistered.append(whole)
+        init_server_keys(self.raw, whole, whole.current)
+        for key in whole.keys:
+            self.groups[key] = whole
+        self._plans.clear()
 
     def group_of(self, key):
         group = self.groups.get(key)
@@ -200,7 +274,7 @@ class KeyPlanner(object):
 
     def active_groups(self):
         """Key groups that are pushed each step (for the step check's probe)."""
-        return [g for g in self.holding_groups() if g.step > 0 and not g.retired]
+        return [g for g in self.holding_groups() if g.pushes > 0 and not g.retired]
 
     def new_packings(self):
         """{server key: packing} of the parts of the groups the servers do not know yet (then
@@ -215,44 +289,66 @@ class KeyPlanner(object):
         self._plans.clear()
 
     # -- plans ---------------------------------------------------------------------------------
-    def plan(self, keys, values, outs, local, global_step):
-        """The key groups of a call with these keys (cached). The first call with several keys
-        packs their small parameters into fused keys (collective: every worker makes the same
-        calls at the same step). `local`: the store's LocalUpdater, None before set_optimizer
-        (nothing is fused then)."""
-        plan = self._plans.get(tuple(keys))
-        if plan is not None:
-            return plan
+    def groups_of(self, keys):
+        """The key groups that hold `keys` now (each once, in the keys' order)."""
+        return list({id(g): g for g in (self.group_of(k) for k in keys)}.values())
+
+    def check_call(self, keys, values, outs, local):
+        """Refuses a call with these keys (ValueError, TypeError naming the fix) before
+        anything changes: counts that do not match, keys never initialised, sparse arrays, a
+        key of a fused group pushed without the others. Checked once per set of keys."""
+        if tuple(keys) in self._plans:
+            return
         if len(values) != len(keys) or (outs is not None and len(outs) != len(keys)):
             raise ValueError("pushpull got %d keys but %d gradients and %s outputs"
                              % (len(keys), len(values), len(outs) if outs is not None else 0))
-        groups = [self.group_of(k) for k in keys]
         for grads in values:
             check_dense(grads, "gradients")
         for weights in outs or []:
             check_dense(weights, "weights")
-        position = {k: i for i, k in enumerate(keys)}
-        covered = [g for g in {id(g): g for g in groups}.values()
-                   if not g.retired and all(k in position for k in g.keys)]
-        loose = [k for k, g in zip(keys, groups) if not any(g is c for c in covered)]
-        if len(keys) > 1 and self.fusion_elements > 0 and local is not None:
+        if self._fuses(keys, local):
+            return
+        loose = self._loose(keys)
+        fused = [k for k in loose if self.groups[k].fused]
+        if fused:
+            raise ValueError(
+                "key %r is pushed together with other keys in one fused server key of "
+                "dist_odsgd (gluon.Trainer and Module make one call for all keys); push "
+                "those keys together, as %r, or set ODSGD_FUSION_ELEMENTS=0 to give every "
+                "key its own" % (fused[0], self.groups[fused[0]].keys))
+
+    def _fuses(self, keys, local):
+        """Whether the first call with these keys packs them into fused groups."""
+        return len(keys) > 1 and self.fusion_elements > 0 and local is not None
+
+    def _covered(self, keys):
+        """The groups all of whose keys are among `keys` (and that hold them still)."""
+        position = set(keys)
+        return [g for g in self.groups_of(keys)
+                if not g.retired and all(k in position for k in g.keys)]
+
+    def _loose(self, keys):
+        """The keys whose group holds keys that are not among `keys`."""
+        covered = self._covered(keys)
+        return [k for k in keys if not any(self.groups[k] is c for c in covered)]
+
+    def plan(self, keys, values, outs, local, global_step):
+        """The key groups of a call with these keys (cached; `check_call` first). The first
+        call with several keys packs their small parameters into fused keys (collective: every
+        worker makes the same calls at the same step). `local`: the store's LocalUpdater, None
+        before set_optimizer (nothing is fused then)."""
+        plan = self._plans.get(tuple(keys))
+        if plan is not None:
+            return plan
+        self.check_call(keys, values, outs, local)
+        if self._fuses(keys, local):
+            covered = self._covered(keys)
             fusible = [k for k in keys if not (self.groups[k] in covered
                                                and self.groups[k].fused)]
             self._fuse(fusible, local, global_step)
-        elif loose:
-            fused = [k for k in loose if self.groups[k].fused]
-            if fused:
-                raise ValueError(
-                    "key %r is pushed together with other keys in one fused server key of "
-                    "dist_odsgd (gluon.Trainer and Module make one call for all keys); push "
-                    "those keys together, as %r, or set ODSGD_FUSION_ELEMENTS=0 to give every "
-                    "key its own" % (fused[0], self.groups[fused[0]].keys))
-        entries, seen = [], set()
-        for k in keys:
-            group = self.groups[k]
-            if id(group) not in seen:
-                seen.add(id(group))
-                entries.append((group, [position[m] for m in group.keys]))
+        position = {k: i for i, k in enumerate(keys)}
+        entries = [(group, [position[m] for m in group.keys])
+                   for group in self.groups_of(keys)]
         optimizer = local.global_optimizer if local is not None else mx.optimizer.SGD()
         plan = StepPlan(entries, optimizer)
         self._plans[tuple(keys)] = plan
@@ -302,8 +398,7 @@ class KeyPlanner(object):
                     source.views(flat)[source.position(key)].copyto(target)
         for source in sources:
             source.retired = True
-        group.step = 0
-        group.first_step = max(s.global_step for s in sources)
+        group.global_step = max(s.global_step for s in sources)
         self._unregistered.append(group)
         init_server_keys(self.raw, group, group.current)
         for key in member_keys:

@@ -31,7 +31,9 @@ from .agreement import WorkerAgreement
 from .config import ODSGDConfig
 from .environment import check_environment, exit_on_uncaught_exception
 from .exchange import RoundExchange, scatter, summed_gradients
-from .key_plan import KeyPlanner, check_dense, check_whole_arrays, init_server_keys, pull_parts
+from .failed_step import FailedStep
+from .key_plan import (KeyPlanner, check_dense, init_server_keys, layout_settings,
+                       pull_parts)
 from .local_update import LocalUpdater
 from .overlap import OverlapMeter
 from .server_settings import ServerSettings
@@ -76,7 +78,12 @@ class DistODSGD(KVStoreBase):
         Env ODSGD_WARMUP_STEPS.
 
     Constructor arguments win over the ODSGD_* environment variables (docs/env.md). Making
-    the store is collective: every worker of the job makes one.
+    the store is collective: every worker of the job makes one, and they check then that they
+    lay out the servers' keys alike (key_plan.layout_settings).
+
+    The methods take MXNet's `priority` argument and leave it unused: MXNet orders a store's
+    requests by it within one engine queue, while this store queues each part's round as soon
+    as its gradient is gathered (odsgd/exchange.py).
     """
 
     def __init__(self, local_optimizer=None, local_optimizer_params=None, compensation=None,
@@ -97,7 +104,10 @@ class DistODSGD(KVStoreBase):
         self.global_optimizer = None
         #: the LocalUpdater (made by set_optimizer)
         self.local = None
+        #: the first step that failed part way (odsgd/failed_step.py)
+        self.failed_step = FailedStep()
         self.agreement = WorkerAgreement(self)
+        self.agreement.check_layout(layout_settings(self.config))
         #: the user's keys and their key groups (odsgd/key_plan.py)
         self.planner = KeyPlanner(self.raw, self.agreement, self.config.fusion_elements,
                                   self.config.part_elements)
@@ -123,6 +133,7 @@ class DistODSGD(KVStoreBase):
     def init(self, key, value):
         """Initialises keys with rank 0's values, as dist_sync; W_0 = rank 0's value on every
         worker."""
+        self.failed_step.check("init")
         for k, v in zip(_as_list(key), _as_list(value)):
             self._new_key(k, v)
 
@@ -132,6 +143,7 @@ class DistODSGD(KVStoreBase):
             for k, v, o in zip(key, value, out):
                 self.broadcast(k, v, o, priority)
             return
+        self.failed_step.check("broadcast")
         outs = _as_list(out)
         check_dense(outs, "weights")
         group = self._new_key(key, value)
@@ -146,8 +158,6 @@ class DistODSGD(KVStoreBase):
         index = self.planner.index_of_new(key)
         self.agreement.check_same_shape(key, value)
         group = self.planner.add_key(key, index, value, self.global_step)
-        if self.global_optimizer is not None:
-            check_whole_arrays(self.global_optimizer, [group])
         init_server_keys(self.raw, group, value.reshape((-1,)))
         pull_parts(self.raw, group, group.current)
         group.current.copyto(group.previous)
@@ -162,19 +172,23 @@ class DistODSGD(KVStoreBase):
         """Pushes gradients (summed over `value`'s devices) for one global step, as
         dist_sync, and brings the store's global weights up to date. Only pushpull makes local
         OD-SGD updates."""
+        self.failed_step.check("push")
         keys, values = (key, value) if isinstance(key, (list, tuple)) else ([key], [value])
-        plan = self.planner.plan(list(keys), [_as_list(v) for v in values], None, self.local,
-                                 self.global_step)
-        self.settings.send_packings(self.planner)
-        self.exchange.sync_round_steps([group for group, _ in plan.groups])
-        for group, positions in plan.groups:
-            self.exchange.synchronous_round(
-                group, summed_gradients(group, [_as_list(values[p]) for p in positions]))
-            group.step += 1
-            self.global_step = max(self.global_step, group.global_step)
+        keys, values = list(keys), [_as_list(v) for v in values]
+        self.planner.check_call(keys, values, None, self.local)   # refusals change nothing
+        with self.failed_step.guard(self.global_step, self.planner.groups_of(keys)):
+            plan = self.planner.plan(keys, values, None, self.local, self.global_step)
+            self.settings.send_packings(self.planner)
+            self.exchange.sync_round_steps([group for group, _ in plan.groups])
+            for group, positions in plan.groups:
+                self.exchange.synchronous_round(
+                    group, summed_gradients(group, [values[p] for p in positions]))
+                group.advance()
+                self.global_step = max(self.global_step, group.global_step)
 
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
         """Newest global weights (every pushed step applied) into `out`."""
+        self.failed_step.check("pull")
         if out is None:
             raise ValueError("pull needs out=, the arrays that receive the global weights")
         keys, outs = (key, out) if isinstance(key, (list, tuple)) else ([key], [out])
@@ -185,7 +199,7 @@ class DistODSGD(KVStoreBase):
             group = self.planner.group_of(k)
             if id(group) not in pulled:
                 scratch = group.scratch_buffer()
-                self.exchange.pull(group, scratch, priority=priority)
+                pull_parts(self.raw, group, scratch)
                 pulled[id(group)] = scratch
             view = group.views(pulled[id(group)])[group.position(k)]
             for target in targets:
@@ -195,7 +209,12 @@ class DistODSGD(KVStoreBase):
         """One OD-SGD step: push the gradients `value` and write the next local weights into
         `out` (the parameter arrays). `key` is one key (value: an NDArray or one per device)
         or a list of keys (value, out: one entry per key): a list makes the step of all of them
-        at once, which is how gluon.Trainer and Module call it (odsgd/trainer_hook.py)."""
+        at once, which is how gluon.Trainer and Module call it (odsgd/trainer_hook.py).
+
+        A call refused before it changes anything (misuse) raises and leaves the store as it
+        was; an exception after the step's first round was sent makes every later call raise
+        (odsgd/failed_step.py)."""
+        self.failed_step.check("pushpull")
         if out is None or out is value:
             raise ValueError(
                 "dist_odsgd updates the weights itself and needs pushpull(key, grad, "
@@ -209,17 +228,20 @@ class DistODSGD(KVStoreBase):
                 [_as_list(o) for o in out]
         else:
             keys, values, outs = [key], [_as_list(value)], [_as_list(out)]
-        plan = self.planner.plan(keys, values, outs, self.local, self.global_step)
-        self.settings.before_step(self.planner, plan, self.global_optimizer)
+        self.planner.check_call(keys, values, outs, self.local)   # refusals change nothing
+        groups = self.planner.groups_of(keys)
         # One call is one global step of all its keys: a key that was not pushed for a while
         # (a frozen layer trained again) takes the step of the others.
-        step = max(group.global_step for group, _ in plan.groups)
-        for group, _ in plan.groups:
-            group.first_step = step - group.step
-        self.exchange.sync_round_steps([group for group, _ in plan.groups])
-        for position, (group, positions) in enumerate(plan.groups):
-            self._step(group, [values[p] for p in positions], [outs[p] for p in positions],
-                       plan.multipliers(position))
+        step = max(group.global_step for group in groups)
+        with self.failed_step.guard(step, groups):
+            plan = self.planner.plan(keys, values, outs, self.local, self.global_step)
+            self.settings.before_step(self.planner, plan, self.global_optimizer)
+            for group, _ in plan.groups:
+                group.global_step = step
+            self.exchange.sync_round_steps([group for group, _ in plan.groups])
+            for position, (group, positions) in enumerate(plan.groups):
+                self._step(group, [values[p] for p in positions], [outs[p] for p in positions],
+                           plan.multipliers(position))
         self.global_optimizer.num_update = max(
             self.global_optimizer.num_update,
             rates.schedule_count(self.global_optimizer, self.global_step - 1))
@@ -249,7 +271,7 @@ class DistODSGD(KVStoreBase):
         for per_device in weights:
             for weight in per_device[1:]:
                 per_device[0].copyto(weight)
-        group.step += 1
+        group.advance()
         self.global_step = max(self.global_step, group.global_step)
 
     # -- optimizer -------------------------------------------------------------------------
@@ -260,7 +282,7 @@ class DistODSGD(KVStoreBase):
             raise TypeError("set_optimizer needs an mx.optimizer.Optimizer, got %r"
                             % type(optimizer).__name__)
         local = LocalUpdater(self.config, optimizer, self.num_workers)   # may refuse it
-        check_whole_arrays(optimizer, self.planner.split_groups())
+        self.planner.use_optimizer(optimizer)
         self.raw.set_optimizer(servers.ServerOptimizer(_server_safe(optimizer)))
         self.global_optimizer = optimizer
         self.settings.optimizer_sent(optimizer)
@@ -301,31 +323,43 @@ class DistODSGD(KVStoreBase):
         file of its own, so concurrent saves never fail or leave half a file.
 
         On rank 0 it also has every server write its global optimizer states (e.g. SGD's
-        momentum) and update counts to `fname + '.server<k>'` (k: the server's rank), on the
-        servers' own file system. Call it on every worker after the same step;
-        `odsgd.save_checkpoint` does that and saves the weights too. Everything pushed so far
-        is applied first."""
+        momentum) and update counts beside `fname`, and joins them into `fname + '.servers'`:
+        each parameter's state whole, whatever the layout of the servers' keys
+        (odsgd/server_states.py), so that a job with another number of servers or part size
+        can load them; the servers and rank 0 must share that folder. Call it on every worker
+        after the same step; `odsgd.save_checkpoint` does that and saves the weights too.
+        Everything pushed so far is applied first."""
+        self.failed_step.check("save_optimizer_states")
         mx.nd.waitall()   # every step this worker pushed is applied; W_t has arrived
         saved = worker_states.collect(self, dump_optimizer)
         state_files.save_worker_states(fname, saved)
         if saved["server_states"]:
             servers.send_command(self.raw, servers.save_states_command(
-                worker_states.server_pattern(fname)))
+                worker_states.server_pattern(fname), self.global_step))
+            worker_states.join_server_files(fname, saved["layout"])
 
     def load_optimizer_states(self, fname):
         """Loads what save_optimizer_states wrote, after the keys were initialised (Trainer's
-        load_states does that first) and before the next step. On rank 0 it also has the
-        servers load their global optimizer states from `fname + '.server<k>'`; the job must
-        have as many servers as the one that saved. The global weights on the servers come
-        from rank 0's parameters when the keys are initialised: load them into the parameters
-        first (`odsgd.load_checkpoint` does all of this)."""
-        saved = worker_states.read(fname, self.rank, self.planner)
+        load_states does that first) and before the next step; collective (the workers check
+        that their files are of the same step). On rank 0 it also has the servers load their
+        global optimizer states from `fname + '.servers'`; the job may have another number of
+        servers, part size or fusion size than the one that saved. The global weights on the
+        servers come from rank 0's parameters when the keys are initialised: load them into
+        the parameters first (`odsgd.load_checkpoint` does all of this)."""
+        self.failed_step.check("load_optimizer_states")
+        saved = worker_states.read(fname, self.rank, self.planner, self.global_optimizer)
+        self.agreement.check_same(
+            [saved["global_step"]], lambda v: "%d" % v[0],
+            lambda mine, theirs: "%s holds worker %d's states after step %s, but rank 0's "
+            "states are after step %s: a save was cut short (or the files are of different "
+            "checkpoints); load an earlier checkpoint" % (fname, self.rank, mine, theirs))
         worker_states.restore(saved, self)
         if saved.get("server_states") and self.rank == 0:
             if self.global_optimizer is None:
                 raise ValueError("call set_optimizer before load_optimizer_states")
-            pattern = worker_states.check_server_files(fname)
-            servers.send_command(self.raw, servers.load_states_command(pattern))
+            path = worker_states.check_server_file(fname)
+            servers.send_command(self.raw, servers.load_states_command(
+                path, saved["global_step"]))
 
     @property
     def _updater(self):
@@ -344,6 +378,7 @@ class DistODSGD(KVStoreBase):
         is checked at exit: a worker that makes more or fewer steps than the others ends with
         a ValueError naming the rule instead of leaving the job waiting for its pushes forever
         (docs/reliability.md)."""
+        self.failed_step.check("equal_steps")
         return self.agreement.fewest_batches(local_batches)
 
     def _barrier(self):

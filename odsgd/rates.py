@@ -44,7 +44,7 @@ def schedule_count(optimizer, step):
 def global_learning_rate(optimizer, step):
     """The base learning rate (before multipliers) of global update `step` on the servers."""
     if optimizer.lr_scheduler is not None:
-        return at_any_count(optimizer.lr_scheduler)(schedule_count(optimizer, step))
+        return at_any_count(optimizer)(schedule_count(optimizer, step))
     return optimizer.lr
 
 
@@ -87,19 +87,22 @@ class ScheduleAtAnyCount(object):
         return getattr(self.schedule, name)
 
 
-#: the worker's wrapper of each schedule object it asks (global_learning_rate)
+#: optimizer -> the ScheduleAtAnyCount of its lr_scheduler on this process. Keyed by the
+#: optimizer, weakly: the wrapper holds the schedule, not the optimizer, so an entry goes with
+#: its optimizer (a schedule as the key would be held by its own entry's value).
 _WRAPPED = weakref.WeakKeyDictionary()
 
 
-def at_any_count(schedule):
-    """The ScheduleAtAnyCount of `schedule` on this process (made once per schedule object),
-    or `schedule` itself when it already is one."""
+def at_any_count(optimizer):
+    """The ScheduleAtAnyCount of `optimizer.lr_scheduler` on this process (made once per
+    schedule object), or the schedule itself when it already is one."""
+    schedule = optimizer.lr_scheduler
     if isinstance(schedule, ScheduleAtAnyCount):
         return schedule
     try:
-        wrapped = _WRAPPED.get(schedule)
-        if wrapped is None:
-            wrapped = _WRAPPED[schedule] = ScheduleAtAnyCount(schedule)
+        wrapped = _WRAPPED.get(optimizer)
+        if wrapped is None or wrapped.schedule is not schedule:
+            wrapped = _WRAPPED[optimizer] = ScheduleAtAnyCount(schedule)
     except TypeError:   # not weakly referable: ask it as it is
         return schedule
     return wrapped

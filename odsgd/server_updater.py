@@ -13,8 +13,8 @@ The workers' keys carry one parameter, several packed end to end, or a part of a
 applies the optimizer to each parameter's piece on its own, with that parameter's index for the
 optimizer, so that lr_mult, wd_mult, the schedule count and the optimizer state are each
 parameter's, exactly as dist_sync's servers apply them when every parameter has its own key
-(the state of a parameter cut into parts is kept per part, as dist_sync's servers keep theirs
-per slice of a big array).
+(the state of a parameter cut into parts is kept per piece, as dist_sync's servers keep theirs
+per slice of a big array; saved whole per parameter, odsgd/server_states.py).
 
 Workers send every command through `send_command` (MXNet's optimizer command, the one channel
 from a worker to the servers). Besides the parameters, `ServerOptimizer` knows two kinds of
@@ -35,9 +35,10 @@ worker waiting forever.
 
 This module is unpickled on the servers while `import mxnet` is still running there (the server
 loop starts inside it), so it imports only `mxnet.optimizer` and `mxnet.ndarray`, which are
-ready by then, and odsgd.state_files, which needs no MXNet.
+ready by then, and odsgd.state_files and odsgd.server_states, which need no MXNet.
 """
 import gc
+import math
 import os
 import pickle
 import sys
@@ -45,6 +46,7 @@ import traceback
 
 from mxnet.optimizer import Optimizer
 
+from . import server_states
 from .rates import ScheduleAtAnyCount
 from .state_files import write_atomically
 
@@ -58,14 +60,17 @@ _GROUPS = {}
 #: Server key -> the global step of its next round (told by the workers,
 #: `round_steps_command`), which sets the update count of that round.
 _ROUND_STEPS = {}
-#: (optimizer index, global step) of a parameter cut into parts -> its update count before
-#: that round, taken by the first of its parts to arrive (`_pinned_counts`).
+#: (optimizer index, global step) of a parameter with several parts on this server -> [its
+#: update count before that round, taken by the first of its parts to arrive; the parts still
+#: to come] (`_pinned_counts`).
 _SPLIT_COUNTS = {}
+#: optimizer index -> the server keys of this server that carry a part of it (`_local_parts`)
+_LOCAL_PARTS = {}
+#: (this server's rank, the job's number of servers), once known (`_this_server`)
+_SERVER = []
 #: Newest probe announced by a worker, and per parameter the probe whose round was skipped.
 _PROBING = {}   # server key: the newest probe round announced for it
 _PROBED = {}    # server key: the newest probe round taken out of its rounds
-#: Version of the server states file written by `save_states_command`.
-STATES_FORMAT = 1
 
 
 class ServerOptimizer(Optimizer):
@@ -91,7 +96,13 @@ class ServerOptimizer(Optimizer):
         self.optimizer = optimizer
         # The Updater batches keys into one call when aggregate_num > 0, as for the optimizer.
         self.aggregate_num = optimizer.aggregate_num
+        #: (optimizer index, first element) of each piece of a parameter this server holds
+        #: (server_states.py) -> the optimizer's state of it, and the piece's size
         self.states = {}
+        self.sizes = {}
+        #: the loaded states, {index: [(first element, size, NumPy state)]}: each piece's
+        #: state is cut from them when the piece is first updated (the layout may differ)
+        self.loaded = {}
 
     def __setstate__(self, state):
         # Unpickled on a server: this object becomes the one the commands below act on.
@@ -119,12 +130,22 @@ class ServerOptimizer(Optimizer):
             return None
         return self._state(index, weight)
 
-    def _state(self, index, weight, part_of=-1):
-        """The optimizer state of the parameter with optimizer index `index` (of its part
-        from element `part_of` on, for a parameter cut into parts)."""
-        key = index if part_of < 0 else (index, part_of)
+    def _state(self, index, weight, begin=0):
+        """The optimizer state of the piece of parameter `index` from element `begin` on that
+        `weight` (flat) holds: loaded, made, or as it is."""
+        key = (index, begin)
         if key not in self.states:
-            self.states[key] = self.optimizer.create_state_multi_precision(index, weight)
+            size = int(weight.size)
+            if index in self.loaded:
+                try:
+                    state = _from_numpy(server_states.piece(self.loaded[index], begin, size))
+                except ValueError:
+                    _fail("restoring the optimizer state of elements %d to %d of parameter %d "
+                          "from the loaded states" % (begin, begin + size, index))
+            else:
+                state = self.optimizer.create_state_multi_precision(index, weight)
+            self.states[key] = state
+            self.sizes[key] = size
         return self.states[key]
 
     def create_state(self, index, weight):
@@ -189,13 +210,16 @@ class ServerOptimizer(Optimizer):
             # One parameter: the whole array, a part of it (key_groups.py), or the slice of it
             # this server holds when MXNet slices a big array over the servers (as
             # dist_sync's servers update their slice).
-            index, _, _, part_of = packing[0]
-            apply(index, weight, grad, self._state(index, weight, part_of))
+            index, _, size, part_of = packing[0]
+            begin = max(part_of, 0)
+            if int(weight.size) != size:
+                begin += _mxnet_slice_begin(size)
+            apply(index, weight, grad, self._state(index, weight, begin))
             return
         indices = [index for index, _, _, _ in packing]
         weights = [weight[o:o + n] for _, o, n, _ in packing]
         grads = [grad[o:o + n] for _, o, n, _ in packing]
-        states = [self._state(i, w, p[3]) for i, w, p in zip(indices, weights, packing)]
+        states = [self._state(i, w, max(p[3], 0)) for i, w, p in zip(indices, weights, packing)]
         batch = max(1, self.aggregate_num or 1)
         for start in range(0, len(indices), batch):
             part = slice(start, start + batch)
@@ -205,22 +229,27 @@ class ServerOptimizer(Optimizer):
                 apply(indices[part], weights[part], grads[part], states[part])
 
     # -- checkpoints -----------------------------------------------------------------------
-    def get_states(self):
-        """This server's states (NumPy) and the global optimizer's update counts (which its
-        learning-rate schedule reads), picklable."""
+    def get_states(self, global_step):
+        """This server's states file (server_states.server_file) after `global_step` steps:
+        its pieces' states (NumPy) and the global optimizer's update counts (which its
+        learning-rate schedule reads)."""
         optimizer = self.optimizer
-        return {"format": STATES_FORMAT,
-                "states": {key: _to_numpy(value) for key, value in self.states.items()},
-                "num_update": optimizer.num_update,
-                "index_update_counts": {device: dict(counts) for device, counts in
-                                        getattr(optimizer, "_all_index_update_counts",
-                                                {0: optimizer._index_update_count}).items()}}
+        pieces = {}
+        for (index, begin), state in self.states.items():
+            pieces.setdefault(index, []).append((begin, self.sizes[(index, begin)],
+                                                 _to_numpy(state)))
+        counts = {device: dict(c) for device, c in
+                  getattr(optimizer, "_all_index_update_counts",
+                          {0: optimizer._index_update_count}).items()}
+        rank, _ = _this_server()
+        return server_states.server_file(pieces, optimizer.num_update, counts, rank,
+                                         global_step)
 
     def set_states(self, saved):
-        if saved.get("format") != STATES_FORMAT:
-            raise ValueError("server states file format %r, expected %r"
-                             % (saved.get("format"), STATES_FORMAT))
-        self.states = {key: _from_numpy(value) for key, value in saved["states"].items()}
+        """Loads a whole-parameter states file (server_states.join): every piece's state is
+        cut from it when the piece is first updated."""
+        self.states, self.sizes = {}, {}
+        self.loaded = dict(saved["parameters"])
         optimizer = self.optimizer
         optimizer.num_update = saved["num_update"]
         counts = {device: dict(c) for device, c in saved["index_update_counts"].items()}
@@ -231,32 +260,74 @@ class ServerOptimizer(Optimizer):
             optimizer._index_update_count = counts.get(0, {})
 
 
+def _this_server():
+    """(rank, number of servers) of this server process; (0, 1) in a process that is no
+    server (the tests drive a ServerOptimizer in-process: every key is its own there)."""
+    if not _SERVER:
+        try:
+            _SERVER.extend((_server_rank(), int(os.environ.get("DMLC_NUM_SERVER", "1"))))
+        except RuntimeError:
+            _SERVER.extend((0, 1))
+    return _SERVER[0], _SERVER[1]
+
+
+def _mxnet_slice_begin(size):
+    """The first element of the slice of a key of `size` elements that MXNet gives this
+    server when it slices the key over the servers (src/kvstore/kvstore_dist.h,
+    EncodeDefaultKey: server i holds [round(size / S * i), round(size / S * (i + 1))), with C's
+    round, half away from zero)."""
+    rank, count = _this_server()
+    return int(math.floor(float(size) / count * rank + 0.5))
+
+
+def _holds_key(key):
+    """Whether this server holds server key `key` (below MXNet's big-array bound, which every
+    part is: config.part_elements): MXNet puts key k on server (k * 9973) % S
+    (EncodeDefaultKey)."""
+    rank, count = _this_server()
+    return (key * 9973) % count == rank
+
+
 def _pinned_counts(optimizer, packing, step):
-    """Before round `step` of a key: the update count of each parameter cut into parts, set to
-    what it was before that round, so that its parts together count the round once, as
-    dist_sync's servers count a parameter once per round (the first part to arrive counts it;
-    the others count it again from the same start). Returns {index: count to keep at least}
-    for after the round: the count a later round of another part may have reached."""
+    """Before round `step` of a key: the update count of each parameter that has several parts
+    on this server, set to what it was before that round, so that its parts together count
+    the round once, as dist_sync's servers count a parameter once per round (the first part
+    to arrive counts it; the others count it again from the same start). Returns {index:
+    count to keep at least} for after the round: the count a later round of another part may
+    have reached. An entry is dropped when the last of the parameter's parts here has
+    arrived, whatever the other parameters' steps are."""
     counts = optimizer._index_update_count
     restore = {}
     for index, _, _, part_of in packing:
         if part_of < 0:
             continue
-        before = _SPLIT_COUNTS.get((index, step))
+        parts = _local_parts(index)
+        if parts < 2:
+            continue
+        entry = _SPLIT_COUNTS.get((index, step))
         now = counts.get(index, optimizer.begin_num_update)
-        if before is None:
-            _SPLIT_COUNTS[(index, step)] = now
-        else:
-            counts[index] = before
-            restore[index] = now
-    for old in [k for k in _SPLIT_COUNTS if k[1] < step - _KEEP_STEPS]:
-        del _SPLIT_COUNTS[old]
+        if entry is None:
+            _SPLIT_COUNTS[(index, step)] = [now, parts - 1]
+            continue
+        counts[index] = entry[0]
+        restore[index] = now
+        entry[1] -= 1
+        if entry[1] == 0:
+            del _SPLIT_COUNTS[(index, step)]
     return restore
 
 
-#: Steps a part's rounds can lag behind another part's of the same parameter, kept in
-#: _SPLIT_COUNTS (a worker sends a key's round t+1 only after its round t is applied).
-_KEEP_STEPS = 8
+def _local_parts(index):
+    """How many server keys of this server carry a part of parameter `index` (counted once
+    per registration of packings)."""
+    if not _LOCAL_PARTS:
+        for key, packing in _GROUPS.items():
+            if _holds_key(key):
+                for entry in packing:
+                    if entry[3] >= 0:
+                        _LOCAL_PARTS[entry[0]] = _LOCAL_PARTS.get(entry[0], 0) + 1
+        _LOCAL_PARTS[None] = 0   # counted
+    return _LOCAL_PARTS.get(index, 0)
 
 
 def _round_handled(key, weight, grad):
@@ -272,20 +343,26 @@ def _round_handled(key, weight, grad):
 
 
 def _to_numpy(value):
+    """A state with NumPy arrays for MXNet's (server_states.ARRAY leaves), picklable."""
     if value is None:
         return None
     if isinstance(value, (list, tuple)):
         return type(value)(_to_numpy(v) for v in value)
-    return ("ndarray", value.asnumpy())
+    if hasattr(value, "asnumpy"):
+        return (server_states.ARRAY, value.asnumpy())
+    return value
 
 
 def _from_numpy(value):
+    """The state `_to_numpy` made, with MXNet arrays again."""
     from mxnet import ndarray
     if value is None:
         return None
-    if isinstance(value, tuple) and len(value) == 2 and value[0] == "ndarray":
+    if isinstance(value, tuple) and len(value) == 2 and value[0] == server_states.ARRAY:
         return ndarray.array(value[1], dtype=value[1].dtype)
-    return type(value)(_from_numpy(v) for v in value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_from_numpy(v) for v in value)
+    return value
 
 
 class _StoreSum(Optimizer):
@@ -378,6 +455,7 @@ def learning_rate_command(lr):
 def _register_packings(packings):
     for key, packing in packings.items():
         _GROUPS[key] = [tuple(int(x) for x in entry) for entry in packing]
+    _LOCAL_PARTS.clear()
     return _installed()
 
 
@@ -446,51 +524,46 @@ def server_states_path(pattern, rank):
     return pattern % rank
 
 
-def _on_states_file(pattern, doing, act):
-    """Runs `act(path, rank)` on this server's states file of `pattern` and hands the running
-    optimizer back; any failure ends this server with a message naming `doing` and the file."""
-    what = "%s %r" % (doing, pattern)
+def _on_states_file(what, act):
+    """Runs `act()` and hands the running optimizer back; any failure ends this server with a
+    message naming `what`."""
     try:
         if _RUNNING is None:
             raise RuntimeError("no optimizer on this server: call kv.set_optimizer first")
-        rank = _server_rank()
-        path = server_states_path(pattern, rank)
-        what = "server rank %d, %s %s" % (rank, doing, path)
-        act(path, rank)
+        act()
     except Exception:  # noqa: BLE001 - reported, then the server ends
         _fail(what)
     return _RUNNING
 
 
-def _write_states(path, rank):
-    saved = _RUNNING.get_states()
-    saved["server_rank"] = rank
-    write_atomically(path, saved)
+def _save_states(pattern, global_step):
+    rank, _ = _this_server()
+    path = server_states_path(pattern, rank)
+    return _on_states_file(
+        "server rank %d, saving the optimizer states to %s" % (rank, path),
+        lambda: write_atomically(path, _RUNNING.get_states(global_step)))
 
 
-def _read_states(path, rank):
-    with open(path, "rb") as f:
-        saved = pickle.load(f)
-    if saved.get("server_rank", rank) != rank:
-        raise ValueError("the file holds server rank %d's states" % saved["server_rank"])
-    _RUNNING.set_states(saved)
+def save_states_command(pattern, global_step):
+    """The body of the command that makes every server write the states of the pieces it
+    holds to `pattern % server_rank` (server_states.server_file), as of `global_step` steps."""
+    return _command(_save_states, str(pattern), int(global_step))
 
 
-def _save_states(pattern):
-    return _on_states_file(pattern, "saving the optimizer states to", _write_states)
+def _load_states(path, global_step):
+    def load():
+        saved = server_states.read(path, "the servers' states file")
+        if saved["global_step"] != global_step:
+            raise ValueError("%s holds the servers' states after step %d, but the worker "
+                             "states after step %d: a save was cut short; load an earlier "
+                             "checkpoint" % (path, saved["global_step"], global_step))
+        _RUNNING.set_states(saved)
+    rank, _ = _this_server()
+    return _on_states_file("server rank %d, loading the optimizer states from %s"
+                           % (rank, path), load)
 
 
-def save_states_command(pattern):
-    """The body of the command that makes every server write its ServerOptimizer states to
-    `pattern % server_rank`."""
-    return _command(_save_states, str(pattern))
-
-
-def _load_states(pattern):
-    return _on_states_file(pattern, "loading the optimizer states from", _read_states)
-
-
-def load_states_command(pattern):
-    """The body of the command that makes every server read its ServerOptimizer states from
-    `pattern % server_rank`."""
-    return _command(_load_states, str(pattern))
+def load_states_command(path, global_step):
+    """The body of the command that makes every server load the whole-parameter states file
+    `path` (server_states.join), saved after `global_step` steps (checked)."""
+    return _command(_load_states, str(path), int(global_step))

@@ -27,7 +27,7 @@ LOG = logging.getLogger("odsgd")
 #: format of a worker states file: {"format": 4, "workers": {rank: that worker's states}}
 WORKER_FILE_FORMAT = 4
 #: the format of one worker's states (the dict save_optimizer_states builds)
-WORKER_STATES_FORMAT = 3
+WORKER_STATES_FORMAT = 5
 
 
 def write_atomically(path, value):

@@ -1,21 +1,33 @@
 """A worker's OD-SGD states, as `DistODSGD.save_optimizer_states` saves them and
 `load_optimizer_states` restores them: per key its step count and its last two global weights
 W_t and W_{t-1}, the local states (momentum, NAG estimate, adaptive variance, an mx.optimizer
-local optimizer's states), the global step and the global optimizer's update count.
+local optimizer's states), the global step, the global optimizer's update count and
+begin_num_update, and the key layout the job had (key_plan.layout_settings).
 
-The file itself (one entry per worker rank, atomic writes) is odsgd/state_files.py; the
-servers' states are written by the servers themselves beside it, `fname + '.server<k>'`
-(server_updater.py), which the store asks them for.
+Nothing in them depends on that layout: every state is kept per parameter (the user's key),
+whole, and the servers' states are joined per parameter too (odsgd/server_states.py), so a job
+may resume with another part size, fusion size or number of servers.
+
+The file itself (one entry per worker rank, atomic writes) is odsgd/state_files.py. The servers
+write the states of the pieces they hold beside it, `fname + '.server<k>'`, which rank 0 joins
+into `fname + '.servers'` (`join_server_files`).
 """
 import os
 
-from . import state_files
+from . import server_states, state_files
 from .environment import num_servers
+from .key_plan import layout_settings
 
 
 def server_pattern(fname):
-    """The servers' states files of the worker states file `fname`: one %d, the server rank."""
+    """The servers' own states files of the worker states file `fname`: one %d, the server
+    rank."""
     return fname.replace("%", "%%") + ".server%d"
+
+
+def servers_file(fname):
+    """The whole-parameter states of the servers, beside the worker states file `fname`."""
+    return fname + ".servers"
 
 
 def collect(store, dump_optimizer):
@@ -31,7 +43,8 @@ def collect(store, dump_optimizer):
                                group.views(group.previous)[i].asnumpy())
     saved = {"format": state_files.WORKER_STATES_FORMAT, "config": store.config.as_dict(),
              "rank": store.rank, "num_workers": store.num_workers,
-             "num_servers": num_servers(),
+             "num_servers": num_servers(), "layout": dict(layout_settings(store.config)),
+             "begin_num_update": optimizer.begin_num_update if optimizer is not None else None,
              "steps": steps, "global_step": store.global_step,
              "global_weights": global_weights,
              "local": local.get_states(store.planner.holding_groups()) if local else None,
@@ -42,19 +55,15 @@ def collect(store, dump_optimizer):
     return saved
 
 
-def read(fname, rank, planner):
-    """This worker's states from `fname`, checked against the job and the store's keys
-    (ValueError naming the fix), before anything is changed."""
+def read(fname, rank, planner, optimizer):
+    """This worker's states from `fname`, checked against the job, the global optimizer and
+    the store's keys (ValueError naming the fix), before anything is changed."""
     saved = state_files.load_worker_states(fname, rank)
     if saved.get("format") != state_files.WORKER_STATES_FORMAT:
         raise ValueError("%s holds dist_odsgd states of format %r; this version reads "
                          "format %d (save the checkpoint again with this version)"
                          % (fname, saved.get("format"), state_files.WORKER_STATES_FORMAT))
-    if saved.get("server_states") and saved.get("num_servers") != num_servers():
-        raise ValueError("%s was saved by a job with %s servers, this job has %d: start it "
-                         "with -s %s (each server holds its own part of the states)"
-                         % (fname, saved.get("num_servers"), num_servers(),
-                            saved.get("num_servers")))
+    check_begin_num_update(fname, saved, optimizer)
     for key, (current, _previous) in saved["global_weights"].items():
         if key not in planner.groups:
             raise ValueError("saved states have key %r, which this store has not "
@@ -75,7 +84,7 @@ def restore(saved, store):
         i = group.position(key)
         group.views(group.current)[i][:] = current
         group.views(group.previous)[i][:] = previous
-        group.first_step, group.step = 0, saved["steps"][key]
+        group.global_step = saved["steps"][key]
     store.global_step = saved["global_step"]
     if saved.get("local") is not None:
         if local is None:
@@ -85,12 +94,39 @@ def restore(saved, store):
         optimizer.num_update = saved["num_update"]
 
 
-def check_server_files(fname):
-    """ValueError when a server's states file beside `fname` is missing; returns their
-    pattern (server_pattern)."""
+def check_begin_num_update(fname, saved, optimizer):
+    """ValueError when the global optimizer's begin_num_update differs from the saving job's:
+    the states carry the steps made, and the servers count a round's update as
+    begin_num_update + step + 1, so a job that also sets begin_num_update to the steps done
+    (as a dist_sync script that resumes does) would count them twice."""
+    if optimizer is None or saved.get("begin_num_update") is None:
+        return
+    if optimizer.begin_num_update != saved["begin_num_update"]:
+        raise ValueError(
+            "%s was saved by a job whose optimizer had begin_num_update=%d, after %d steps, "
+            "which the states carry; this job's optimizer has begin_num_update=%d. dist_odsgd "
+            "resumes the step count itself: create the optimizer with begin_num_update=%d, as "
+            "the saving job did (setting it to the steps done counts them twice)"
+            % (fname, saved["begin_num_update"], saved["global_step"],
+               optimizer.begin_num_update, saved["begin_num_update"]))
+
+
+def join_server_files(fname, layout):
+    """Rank 0, after every server wrote the states of its pieces (`server_pattern`): joins them
+    into the whole-parameter file `servers_file(fname)`, with `layout` recorded, and removes
+    the servers' own files."""
     pattern = server_pattern(fname)
-    missing = [pattern % k for k in range(num_servers()) if not os.path.exists(pattern % k)]
-    if missing:
-        raise ValueError("the servers' states %s are missing (written beside %s by "
-                         "rank 0's save_optimizer_states)" % (", ".join(missing), fname))
-    return pattern
+    paths = [pattern % k for k in range(num_servers())]
+    files = [server_states.read(path, "the server states file") for path in paths]
+    state_files.write_atomically(servers_file(fname), server_states.join(files, layout))
+    for path in paths:
+        os.unlink(path)
+
+
+def check_server_file(fname):
+    """ValueError when the servers' states beside `fname` are missing; returns their path."""
+    path = servers_file(fname)
+    if not os.path.exists(path):
+        raise ValueError("the servers' states %s are missing (written beside %s by rank 0's "
+                         "save_optimizer_states)" % (path, fname))
+    return path

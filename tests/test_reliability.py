@@ -317,8 +317,7 @@ def test_checkpoint_resume_is_exact(tmp_path):
                                  "--save-prefix", prefix] + options, servers=2, timeout=90)
     assert sorted(os.listdir(tmp_path)) == sorted(
         ["whole", "first", "resumed", "ckpt-worker0.params", "ckpt-worker0.states",
-         "ckpt-worker1.params", "ckpt-worker1.states", "ckpt-worker0.states.server0",
-         "ckpt-worker0.states.server1"])
+         "ckpt-worker1.params", "ckpt-worker1.states", "ckpt-worker0.states.servers"])
     run_job("quadratic_job.py", ["--out", tmp_path / "resumed", "--steps", 10,
                                  "--resume-prefix", prefix, "--first-step", 6] + options,
             servers=2, timeout=90)
@@ -406,7 +405,8 @@ def test_server_optimizer_control_probe_and_states(monkeypatch):
     updater(0, grad, weight)                       # momentum 0.9 * -0.1 - 0.1 = -0.19
     np.testing.assert_allclose(weight.asnumpy(), 0.71, rtol=1e-6)
 
-    saved = running.get_states()
+    from odsgd import server_states
+    saved = server_states.join([running.get_states(2)], {})
     fresh = server(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, rescale_grad=0.5))
     fresh.set_states(saved)
     assert fresh.optimizer.num_update == 2

@@ -1,0 +1,81 @@
+"""Cluster job of tests/test_layouts.py: a step that fails part way on one worker, caught by
+the training loop.
+
+Two Dense layers on three key groups (ODSGD_FUSION_ELEMENTS=0 in the test's environment: a
+weight and a bias of the first layer, the second's weight; its bias is frozen). On worker
+--rank, the local update of the second key group raises once at step --fail-at, after that
+group's round was sent and before the third group's was. The loop catches every exception of
+trainer.step, prints `caught <type>: <message>`, tries odsgd.save_checkpoint in the handler
+(printing what it raised) and goes on, as a careless training loop would."""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import odsgd  # noqa: E402
+import mxnet as mx  # noqa: E402
+
+
+def parse_args():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--fail-at", type=int, default=5)
+    p.add_argument("--rank", type=int, default=1)
+    p.add_argument("--prefix", required=True)
+    return p.parse_args()
+
+
+def fail_once(kv, step, group_position):
+    """Makes the local update of the key group at `group_position` (in the step's order) raise
+    once, at global step `step`."""
+    update = kv.local.update_group
+    calls = {"n": 0}
+
+    def failing(group, at, *rest):
+        calls["n"] += 1
+        if at == step and (calls["n"] - 1) % 3 == group_position:
+            kv.local.update_group = update
+            raise RuntimeError("injected failure of the local update")
+        return update(group, at, *rest)
+    kv.local.update_group = failing
+
+
+def main():
+    args = parse_args()
+    kv = odsgd.DistODSGD()
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(4, in_units=3), mx.gluon.nn.Dense(2, in_units=4))
+    net.initialize(mx.init.Constant(0.1))
+    list(net.collect_params().values())[3].grad_req = "null"
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd",
+                               {"learning_rate": 0.1, "momentum": 0.9}, kvstore=kv)
+    for step in range(args.steps):
+        rng = np.random.RandomState(10 * kv.rank + step)
+        data = mx.nd.array(rng.randn(2, 3))
+        with mx.autograd.record():
+            loss = net(data).sum()
+        loss.backward()
+        if step == 1 and kv.rank == args.rank:
+            fail_once(kv, args.fail_at, 1)   # the store has its local update by now
+        try:
+            trainer.step(2)
+        except Exception as error:  # noqa: BLE001 - the careless loop under test
+            say("caught %s: %s" % (type(error).__name__, error))
+            try:
+                odsgd.save_checkpoint(trainer, args.prefix)
+            except Exception as refused:  # noqa: BLE001
+                say("save refused: %s: %s" % (type(refused).__name__, refused))
+        print("step %d done" % step, flush=True)
+
+
+def say(message, said=set()):
+    """Prints `message` the first time (the launcher keeps the last lines only)."""
+    if message not in said:
+        said.add(message)
+        print(message, flush=True)
+
+
+if __name__ == "__main__":
+    main()
