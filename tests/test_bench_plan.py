@@ -342,3 +342,24 @@ def test_paced_job_runs_at_the_predicted_rate_when_compute_bound(tmp_path):
     predicted = step_model.predict_modes((0.0, 0.0, 0.0), 2 * 16, 0.1, {})["dist_odsgd"]
     assert predicted["plan_binds"] == "compute"
     assert 0.75 <= measured / predicted["plan_samples_per_sec"] <= 1.25, measured
+
+
+def test_prediction_plot_groups_runs_by_configuration(tmp_path):
+    """One group per run and bandwidth, one bar per mode, the predicted rate beside it."""
+    from odsgd.bench import prediction_plot
+    runs = []
+    for bandwidth in (10000, 25000):
+        for mode in step_model.MODES:
+            runs.append({"mode": mode, "model": "resnet50_v1", "workers": 8, "servers": 1,
+                         "bandwidth_mbit": bandwidth, "samples_per_sec": 1000.0,
+                         "samples_per_sec_min": 900.0, "samples_per_sec_max": 1100.0,
+                         "plan_samples_per_sec": 1200.0})
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps({"runs": runs}))
+    groups = prediction_plot.grouped(prediction_plot.load_runs([str(path)]))
+    assert [label for label, _ in groups] == ["resnet50_v1\n8w+1s, 10 Gbit/s",
+                                              "resnet50_v1\n8w+1s, 25 Gbit/s"]
+    assert all(set(modes) == set(step_model.MODES) for _, modes in groups)
+    out = tmp_path / "plot.png"
+    assert prediction_plot.main([str(path), "--out", str(out)]) == 0
+    assert out.stat().st_size > 1000

@@ -47,13 +47,12 @@ from . import device_profiles
 from .cpu_meter import JobCPUMeter
 from .jobs import (TOPOLOGIES, TOPOLOGY_HELP, JobFailed, job_environment, job_placement,
                    link_bytes_per_sec, link_step_seconds, run_job, step_wire_bytes)
-from .model_shapes import MODEL_NAMES, scaled_sizes
+from .model_shapes import scaled_sizes
 from .paced import scaled_store_environment
 # The step model's formulas, named here too for the code and tests that know them here.
 from .step_model import (LINK_FORMULA, MODES, largest_key_share, link_times,  # noqa: F401
-                         mode_shares,
-                         model_compute_seconds, odsgd_step_seconds, predict_modes,
-                         predicted_samples_per_sec, push_pull_seconds)
+                         mode_shares, model_compute_seconds, odsgd_step_seconds,
+                         predict_modes, predicted_samples_per_sec, push_pull_seconds)
 from .throughput_job import MODEL_HELP
 
 
@@ -90,17 +89,7 @@ def parse_args(argv=None):
                         "progress every 5 s)")
     p.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)),
                    help="cores the job has, for the CPU bound (default: this process's)")
-    p.add_argument("--device-profile", default=None,
-                   help="accelerator-paced workers: wait this accelerator's step time for "
-                        "--model at --batch-size instead of computing (%s; "
-                        "odsgd/bench/device_profiles.py)" % device_profiles.DEVICE_NAMES)
-    p.add_argument("--compute-ms", type=float, default=None,
-                   help="accelerator-paced workers: wait this many ms per step instead of "
-                        "computing (wins over --device-profile's step time)")
-    p.add_argument("--byte-scale", type=int, default=1,
-                   help="accelerator-paced workers: every array's element count and the "
-                        "link's rate divided by this (the --bandwidth-mbit values stay the "
-                        "cluster's; the store's size settings are divided too)")
+    _add_paced_options(p)
     p.add_argument("--json", default="results/throughput.json")
     p.add_argument("--plot", default=None, help="PNG path (default: beside --json)")
     args = p.parse_args(argv)
@@ -113,6 +102,20 @@ def parse_args(argv=None):
     if min(args.bandwidths) < 0:
         p.error("--bandwidth-mbit values must be >= 0")
     return args
+
+
+def _add_paced_options(parser):
+    parser.add_argument("--device-profile", default=None,
+                        help="accelerator-paced workers: wait this accelerator's step time "
+                             "for --model at --batch-size instead of computing (%s; "
+                             "odsgd/bench/device_profiles.py)" % device_profiles.DEVICE_NAMES)
+    parser.add_argument("--compute-ms", type=float, default=None,
+                        help="accelerator-paced workers: wait this many ms per step instead "
+                             "of computing (wins over --device-profile's step time)")
+    parser.add_argument("--byte-scale", type=int, default=1,
+                        help="accelerator-paced workers: every array's element count and the "
+                             "link's rate divided by this (the --bandwidth-mbit values stay "
+                             "the cluster's; the store's size settings are divided too)")
 
 
 def _check_paced(parser, args):
