@@ -103,8 +103,9 @@ def gluoncv_schedule(lr, warmup_steps, steps):
 
 
 def optimizer_params(args):
-    params = {"learning_rate": args.lr, "momentum": args.momentum, "wd": args.wd,
-              "begin_num_update": args.begin_num_update}
+    params = {"learning_rate": args.lr, "wd": args.wd, "begin_num_update": args.begin_num_update}
+    if args.optimizer in ("sgd", "nag"):   # the others (lamb, nadam, ...) take no momentum
+        params["momentum"] = args.momentum
     if args.lr_factor_step:
         params["lr_scheduler"] = mx.lr_scheduler.FactorScheduler(args.lr_factor_step, 0.5,
                                                                  base_lr=args.lr)
