@@ -11,13 +11,17 @@ What a dist_odsgd job's state is, and where each part goes:
 |---------------------------------------------------|---------------------------------------|
 | worker r's own weights w^i (one local step off W) | `<prefix>-worker<r>.params`           |
 | worker r's local states (momentum m^i, variance   | `<prefix>-worker<r>.states`           |
-| v^i), step counts, W_t and W_{t-1}, update count  |                                       |
-| server k's global optimizer states (e.g. SGD      | `<prefix>-worker0.states.server<k>`,  |
-| momentum) and update counts                       | written by the server itself          |
+| v^i), step counts, W_t and W_{t-1}, update count, |                                       |
+| begin_num_update, the key layout                  |                                       |
+| the servers' global optimizer states (e.g. SGD    | `<prefix>-worker0.states.servers`,    |
+| momentum), whole per parameter, and update counts | joined by rank 0 from the servers'    |
+|                                                   | own files (odsgd/server_states.py)    |
 
 The servers write their own files, so in a job over several machines `<prefix>` must be on a
 file system that the servers and rank 0 share. A checkpoint loads into a job with the same
-number of workers and servers and the same parameters.
+number of workers and the same parameters; the number of servers, ODSGD_PART_ELEMENTS and
+ODSGD_FUSION_ELEMENTS may differ from the saving job's (nothing saved depends on them), and
+the optimizer's begin_num_update must be the saving job's.
 """
 import mxnet as mx
 
