@@ -11,6 +11,8 @@ SUBCOMMANDS = {
     "convergence": "odsgd.bench.convergence",  # accuracy per mode and seed
     "time-to-accuracy": "odsgd.bench.time_to_accuracy",  # accuracy against time, real images
     "timeline": "odsgd.bench.timeline",        # a few steps per worker, per mode, drawn
+    "plan": "odsgd.bench.plan",                # the step model's predictions; runs no job
+    "faults": "odsgd.bench.faults",            # the fault sweep of docs/reliability.md
 }
 
 

@@ -80,7 +80,8 @@ def parse_args(argv=None):
                         "--skip steps, so keep it below that to time the OD phase")
     p.add_argument("--overlap-interval", type=int, default=10,
                    help="dist_odsgd measures its overlap every this many steps "
-                        "(ODSGD_METRICS_INTERVAL)")
+                        "(ODSGD_METRICS_INTERVAL), in 2 x that many steps after the timed "
+                        "window: a sampled step blocks the worker; 0: not measured")
     p.add_argument("--omp-threads", type=int, default=1,
                    help="OMP_NUM_THREADS of every process (1: one core per worker)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per job")
