@@ -334,7 +334,7 @@ def resume(sweep, prefix, first_step, out):
     try:
         sweep.run_on_hosts(module_args)
     except JobFailed as failure:
-        return error_of(str(failure))
+        return error_of(str(failure)).replace(sweep.folder + os.sep, "")
     return None
 
 
@@ -477,9 +477,10 @@ def main(argv=None):
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
     print("\n" + fault_table(rows) + "\n\n" + cut_save_table(rows))
-    if args.json:
+    if args.json:   # paths relative to the sweep's folder
         with open(args.json, "w") as f:
-            json.dump({"settings": vars(args), "rows": rows}, f, indent=1, default=str)
+            f.write(json.dumps({"settings": vars(args), "rows": rows}, indent=1,
+                               default=str).replace(folder + os.sep, "") + "\n")
     return 0 if all(passed(row) for row in rows) else 1
 
 
@@ -494,8 +495,9 @@ def sweep_all(sweep):
             row["save_step"] = sweep.args.save_step
             row["rounds_seconds"] = rounds_seconds
             row.update(resume_row(sweep, row, reference))
-            print("%s, %s: exit %s after %s s, %s; %s; resume %s" % (
-                fault, POINT_NAMES[point], row["exit_code"], row["seconds"], row["reason"],
-                left_text(row), resume_text(row)), flush=True)
+            print("%s, %s: fault %.3f s after the point was seen; exit %s after %s s, %s; "
+                  "%s; resume %s" % (fault, POINT_NAMES[point], row["aim_to_fault"],
+                                     row["exit_code"], row["seconds"], row["reason"],
+                                     left_text(row), resume_text(row)), flush=True)
             rows.append(row)
     return rows
