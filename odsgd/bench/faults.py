@@ -31,6 +31,7 @@ import numpy as np
 
 from .. import emulate
 from .jobs import REPO, JobFailed, job_environment, launch_command, run_job
+from .jobs import _end as end_launcher
 
 FAULTS = ("worker killed", "server killed", "link down", "ctrl-c")
 POINTS = ("before-push", "in-flight", "save")
@@ -137,13 +138,7 @@ class LiveLaunch(object):
 
     def end(self):
         """SIGTERM to the launcher (it ends its job), SIGKILL to its group after 20 s."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        end_launcher(self.process)
 
 
 # -- aiming and injecting -------------------------------------------------------------------
@@ -190,21 +185,48 @@ def server_pid(cluster):
     raise JobFailed("no server process on host 0")
 
 
-def inject(fault, cluster, job, worker, server):
-    """Makes `fault` happen; returns the time it did. `worker`: (pid, address) of the
-    target worker; `server`: the server's pid."""
-    if fault == "worker killed":
-        os.kill(worker[0], signal.SIGKILL)
-    elif fault == "server killed":
-        os.kill(server, signal.SIGKILL)
-    elif fault == "link down":
-        host = [h for h in cluster.hosts if h.address == worker[1]][0]
-        cluster.link_down(host.index)
-    elif fault == "ctrl-c":   # a terminal's Ctrl-C: SIGINT to the foreground process group
-        os.killpg(job.process.pid, signal.SIGINT)
-    else:
-        raise ValueError("unknown fault %r" % fault)
-    return time.time()
+class Fault(object):
+    """One fault, made ready before the point comes, so that `strike` takes effect at once.
+    `worker`: (pid, address) of the target worker; `server`: the server's pid."""
+
+    def __init__(self, fault, cluster, job, worker, server):
+        if fault not in FAULTS:
+            raise ValueError("unknown fault %r" % fault)
+        self.fault, self.job, self.worker, self.server = fault, job, worker, server
+        self.unplug = None
+        if fault == "link down":
+            # `ip -batch -` runs each command as it reads it: started now, it unplugs the
+            # host within a millisecond of `strike`, where starting `ip` then took 5-20 ms
+            # on this busy machine, in which a save of the job is over.
+            host = [h for h in cluster.hosts if h.address == worker[1]][0]
+            self.unplug = subprocess.Popen(["ip", "-n", host.netns, "-batch", "-"],
+                                           stdin=subprocess.PIPE, text=True)
+            self.command = "link set %s down\n" % host.interface
+
+    def strike(self):
+        """Makes the fault happen; returns the time it did."""
+        struck = time.time()
+        if self.fault == "worker killed":
+            os.kill(self.worker[0], signal.SIGKILL)
+        elif self.fault == "server killed":
+            os.kill(self.server, signal.SIGKILL)
+        elif self.fault == "link down":
+            self.unplug.stdin.write(self.command)
+            self.unplug.stdin.flush()
+        else:   # a terminal's Ctrl-C: SIGINT to the foreground process group
+            os.killpg(self.job.process.pid, signal.SIGINT)
+        return struck
+
+    def close(self):
+        """Ends the `ip` made ready (it sits in the host's namespace, where it would count
+        as a process left)."""
+        if self.unplug is not None:
+            self.unplug.stdin.close()
+            try:
+                self.unplug.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.unplug.kill()
+                self.unplug.wait()
 
 
 # -- what a fault left ----------------------------------------------------------------------
@@ -312,11 +334,13 @@ def run_fault(sweep, fault, point):
 
 def _inject_and_wait(sweep, fault, point, cluster, job, checkpoints, end_timeout=60):
     timeout = sweep.args.timeout
-    worker = target_worker(job, timeout)
-    server = server_pid(cluster)
-    seen = aim(job, sweep, point, checkpoints, timeout)
-    fault_at = inject(fault, cluster, job, worker, server)
-    files = files_of(checkpoints, sweep.args.save_step) if point == "save" else None
+    prepared = Fault(fault, cluster, job, target_worker(job, timeout), server_pid(cluster))
+    try:
+        seen = aim(job, sweep, point, checkpoints, timeout)
+        fault_at = prepared.strike()
+        files = files_of(checkpoints, sweep.args.save_step) if point == "save" else None
+    finally:
+        prepared.close()
     try:
         code = job.process.wait(timeout=end_timeout)
     except subprocess.TimeoutExpired:
