@@ -8,23 +8,23 @@
  *
  *   odsgd_gpu_check run CASE_DIR...
  *     For each folder: reads case.txt (the call) and arrays.f32 (8 flat float32 arrays of N
- *     elements: weight, grad, global, aux, var, est, send, flat), runs the call on the GPU
+ *     elements: weight, grad, global, aux, var, est, local, flat), runs the call on the GPU
  *     with every weight and gradient in its own allocation, and writes all 8 back to
  *     result.f32. case.txt holds, as whitespace-separated tokens:
  *       kind sgd|predict|nag_predict|gather|scatter
- *       flags CLIP ADAPTIVE SEND PREVIOUS           (0 or 1 each)
+ *       flags CLIP ADAPTIVE PREVIOUS LOCAL          (0 or 1 each; LOCAL: w_t is read from
+ *                                                    local and w_{t+1} written there too;
+ *                                                    LOCAL 0 needs LAM 0)
  *       hyper RESCALE_GRAD CLIP_GRADIENT MOMENTUM LAM BETA EPS
  *       sizes P N_0 ... N_{P-1}
  *       lrs L_0 ... / wds D_0 ... / prev_decays Q_0 ... / own_scales S_0 ... /
  *       prev_scales R_0 ...                          (P numbers each)
- *       overwrite OVERWRITE                          (optional, 0 or 1; 1 needs LAM = 0 and
- *                                                     ADAPTIVE = 0: the weights are then
- *                                                     written, never read)
- *     Gather reads the weights into flat; scatter writes flat into the weights.
+ *     The updates write the weights, never read them; gather reads the weights into flat,
+ *     scatter writes flat into the weights.
  *   odsgd_gpu_check bench REPEATS N_0 ... N_{P-1}
  *     Times, with CUDA events, a device-to-device copy of N = N_0 + ... + N_{P-1} floats,
- *     and for every update kind (the predicts also with PREVIOUS) and compensation mode: a
- *     plain grid-stride kernel on one
+ *     and for every update kind (the predicts also with PREVIOUS) and compensation mode,
+ *     with w_t in local (LAM != 0): a plain grid-stride kernel on one
  *     array of N (the launch of the single-array operators this family replaced), the
  *     multi-array call (table upload + kernel) on one array of N and on the P arrays; and
  *     gather and scatter on one array and on P. Prints `time LABEL MEDIAN_S MIN_S` lines.
@@ -50,7 +50,7 @@ using odsgd::MultiKind;
 using odsgd::UpdateParams;
 
 // The flat arrays of a case file, in file order.
-enum Slot { kWeight, kGrad, kGlobal, kAux, kVar, kEst, kSend, kFlat, kSlots };
+enum Slot { kWeight, kGrad, kGlobal, kAux, kVar, kEst, kLocal, kFlat, kSlots };
 
 void Fail(const std::string& what) {
   std::fprintf(stderr, "odsgd_gpu_check: %s\n", what.c_str());
@@ -84,7 +84,7 @@ MultiKind KindOf(const std::string& name) {
 /*! \brief One call, as case.txt describes it. */
 struct Case {
   MultiKind kind = MultiKind::kLocal;
-  bool clip = false, adaptive = false, send = false, previous = false, overwrite = false;
+  bool clip = false, adaptive = false, previous = false, local = false;
   UpdateParams p{};
   std::vector<int64_t> sizes;
   std::vector<float> lrs, wds, prev_decays, own_scales, prev_scales;
@@ -101,9 +101,7 @@ Case ReadCase(const std::string& path) {
       in >> name;
       c.kind = KindOf(name);
     } else if (key == "flags") {
-      in >> c.clip >> c.adaptive >> c.send >> c.previous;
-    } else if (key == "overwrite") {
-      in >> c.overwrite;
+      in >> c.clip >> c.adaptive >> c.previous >> c.local;
     } else if (key == "hyper") {
       double h[6];
       for (double& x : h) in >> x;
@@ -133,8 +131,8 @@ Case ReadCase(const std::string& path) {
   c.prev_decays.resize(c.sizes.size(), 0.0f);
   c.own_scales.resize(c.sizes.size(), 0.0f);
   c.prev_scales.resize(c.sizes.size(), 0.0f);
-  if (c.overwrite && (c.adaptive || c.p.lam != 0.0f)) {
-    Fail("overwrite 1 needs lam 0 and adaptive 0 in " + path);
+  if (!c.local && c.p.lam != 0.0f) {
+    Fail("LOCAL 0 needs LAM 0 (the compensation term reads w_t from local) in " + path);
   }
   return c;
 }
@@ -169,8 +167,8 @@ void Call(const Case& c, const odsgd::HostSegmentTable& table, void* device_tabl
                                            stream),
               "table upload");
   CheckLaunch(odsgd::LaunchMultiCuda(c.kind, table.tiles, static_cast<int>(c.sizes.size()),
-                                     device_table, c.p, c.clip, c.adaptive, c.send,
-                                     c.previous, c.overwrite, flat, stream),
+                                     device_table, c.p, c.clip, c.adaptive, c.previous,
+                                     c.local, flat, stream),
               "LaunchMultiCuda");
 }
 
@@ -209,7 +207,7 @@ void RunCase(const std::string& dir) {
         "cudaMalloc");
   cudaStream_t stream;
   Check(cudaStreamCreate(&stream), "cudaStreamCreate");
-  Call(c, table, device_table, FlatArrays{dev[kGlobal], dev[kAux], dev[kVar], dev[kSend],
+  Call(c, table, device_table, FlatArrays{dev[kGlobal], dev[kAux], dev[kVar], dev[kLocal],
                                           dev[kFlat], dev[kEst]},
        stream);
   Check(cudaStreamSynchronize(stream), "kernel");
@@ -246,18 +244,19 @@ void RunCase(const std::string& dir) {
 // Bandwidth
 
 /*! \brief The single-array operators' kernel that this family replaced: one grid-stride
- *  loop over one array, 256 threads a block, at most 65535 blocks. The reference the
- *  multi-array kernel's bandwidth is held to. */
+ *  loop over one array, 256 threads a block, at most 65535 blocks, with w_t in local_flat.
+ *  The reference the multi-array kernel's bandwidth is held to. */
 template <MultiKind kKind, bool kAdaptive, bool kPrev>
 __global__ void GridStrideOneArray(int64_t n, UpdateParams p, float* __restrict__ w,
                                    const float* __restrict__ grad,
                                    const float* __restrict__ global_w, float* __restrict__ aux,
-                                   float* __restrict__ est, float* __restrict__ var) {
+                                   float* __restrict__ est, float* __restrict__ var,
+                                   float* __restrict__ local_flat) {
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    odsgd::UpdateAt<kKind, false, kAdaptive, false, kPrev>(i, p, w, grad, global_w, aux, est,
-                                                           var, nullptr);
+    odsgd::UpdateAt<kKind, false, kAdaptive, kPrev, true>(i, p, w, grad, global_w, aux, est,
+                                                          var, local_flat);
   }
 }
 
@@ -265,10 +264,10 @@ template <MultiKind kKind>
 void LaunchGridStride(bool adaptive, bool previous, int64_t n, const UpdateParams& p, float* w,
                       const float* grad, const FlatArrays& f, cudaStream_t s) {
   const int blocks = static_cast<int>(std::min<int64_t>(65535, (n + 255) / 256));
-  odsgd::DispatchFlags<kKind>(false, adaptive, false, previous,
-                              [&](auto, auto kadaptive, auto, auto kprevious) {
+  odsgd::DispatchFlags<kKind>(false, adaptive, previous, true,
+                              [&](auto, auto kadaptive, auto kprevious, auto) {
     GridStrideOneArray<kKind, decltype(kadaptive)::value, decltype(kprevious)::value>
-        <<<blocks, 256, 0, s>>>(n, p, w, grad, f.global_w, f.aux, f.est, f.var);
+        <<<blocks, 256, 0, s>>>(n, p, w, grad, f.global_w, f.aux, f.est, f.var, f.local_flat);
   });
   Check(cudaGetLastError(), "grid-stride kernel");
 }
@@ -332,7 +331,7 @@ void Bench(int repeats, const std::vector<int64_t>& sizes) {
   float* flat[kSlots] = {};
   for (int s = kGlobal; s < kSlots; ++s) flat[s] = DeviceFloats(total);
   float* all[] = {weight_buf, grad_buf, flat[kGlobal], flat[kAux], flat[kVar], flat[kEst],
-                  flat[kSend], flat[kFlat]};
+                  flat[kLocal], flat[kFlat]};
   for (float* a : all) Fill<<<1024, 256>>>(a == weight_buf || a == grad_buf ? padded : total,
                                             a, a == flat[kVar] ? 1.0f : 0.5f);
   Check(cudaDeviceSynchronize(), "fill");
@@ -343,7 +342,7 @@ void Bench(int repeats, const std::vector<int64_t>& sizes) {
     grads.push_back(grad_buf + off);
     off += (n + 63) / 64 * 64;
   }
-  const FlatArrays f{flat[kGlobal], flat[kAux], flat[kVar], flat[kSend], flat[kFlat],
+  const FlatArrays f{flat[kGlobal], flat[kAux], flat[kVar], flat[kLocal], flat[kFlat],
                      flat[kEst]};
   void* device_table = nullptr;
   Check(cudaMalloc(&device_table, odsgd::SegmentTableBytes(static_cast<int>(sizes.size()))),
@@ -352,7 +351,7 @@ void Bench(int repeats, const std::vector<int64_t>& sizes) {
   Check(cudaStreamCreate(&s), "cudaStreamCreate");
 
   Time("copy", repeats, s, [&] {
-    Check(cudaMemcpyAsync(flat[kSend], flat[kGlobal], total * 4, cudaMemcpyDeviceToDevice, s),
+    Check(cudaMemcpyAsync(flat[kFlat], flat[kGlobal], total * 4, cudaMemcpyDeviceToDevice, s),
           "cudaMemcpyAsync");
   });
   // label, kind, previous: the predicts also with the previous round's sum in the estimate
@@ -369,6 +368,7 @@ void Bench(int repeats, const std::vector<int64_t>& sizes) {
     Case many;
     many.kind = KindOf(call.kind);
     many.previous = call.previous;
+    many.local = IsUpdate(many.kind);   // lam != 0 below: w_t from local_flat
     many.p = odsgd::MakeUpdateParams(1.0 / 256, -1.0, 0.9, 0.04, 0.95, 1e-7);
     many.sizes = sizes;
     many.lrs.assign(sizes.size(), 0.05f);

@@ -154,68 +154,75 @@ ODSGD_HOST_DEVICE float NagPredictStep(const UpdateParams& p, float w, float gra
 }
 
 /*!
- * \brief The old local weight w_t of element i, as the update kinds read it: w[i], or with
- *  kOverwrite W_t itself (global_w[i]), and then w is never read. Every kind reads w_t only
- *  in the compensation term lam c g g (W - w), which kOverwrite makes 0 * c g g * 0: with
- *  lam = 0 (which kOverwrite requires: the operator refuses overwrite=1 otherwise) it is
- *  zero either way, for any finite w_t, and the result is the same. With kOverwrite the
- *  weights need not be operator inputs, only outputs (multi_update_op.cc, `overwrite`).
+ * \brief The old local weight w_t of element i, as the update kinds read it: with kLocalFlat
+ *  local_flat[i], the store's flat copy of the weights (which the update then overwrites with
+ *  w_{t+1}, StoreWeight), else W_t itself (global_w[i]). Every kind reads w_t only in the
+ *  compensation term lam c g g (W - w), which without kLocalFlat is lam c g g * 0: the
+ *  operator refuses lam != 0 without local_flat, so the term is zero either way (for any
+ *  finite w_t) and the result is the same. The weights themselves are never read, for any
+ *  lam: they are outputs only (multi_update_op.cc).
  */
-template <bool kOverwrite>
-ODSGD_HOST_DEVICE float WeightAt(int64_t i, const float* w, const float* global_w) {
-  return kOverwrite ? global_w[i] : w[i];
+template <bool kLocalFlat>
+ODSGD_HOST_DEVICE float WeightAt(int64_t i, const float* local_flat, const float* global_w) {
+  return kLocalFlat ? local_flat[i] : global_w[i];
+}
+
+/*! \brief w_{t+1} of element i into the weight and, with kLocalFlat, into local_flat: one
+ *  value written twice, so the two stay bit-equal. */
+template <bool kLocalFlat>
+ODSGD_HOST_DEVICE void StoreWeight(int64_t i, float next, float* w, float* local_flat) {
+  w[i] = next;
+  if (kLocalFlat) local_flat[i] = next;
 }
 
 /*!
  * \brief One element i of the local SGD step on whole arrays: the loop body of the CPU
- *  kernels and of the CUDA kernels alike. With kSend it also writes the raw gradient to
- *  send[i] (the store's push buffer), so the copy costs no pass of its own. With kOverwrite
- *  w is only written (WeightAt).
+ *  kernels and of the CUDA kernels alike. w is only written; w_t is read from local_flat
+ *  (kLocalFlat) or not at all (WeightAt).
  */
-template <bool kClip, bool kAdaptive, bool kSend, bool kOverwrite>
+template <bool kClip, bool kAdaptive, bool kLocalFlat>
 ODSGD_HOST_DEVICE void LocalUpdateAt(int64_t i, const UpdateParams& p, float* w,
                                      const float* grad, const float* global_w, float* mom,
-                                     float* var, float* send) {
-  const float raw = grad[i];
-  if (kSend) send[i] = raw;
+                                     float* var, float* local_flat) {
   float m = mom[i];
   float v = kAdaptive ? var[i] : 0.0f;
-  w[i] = LocalStep<kClip, kAdaptive>(p, WeightAt<kOverwrite>(i, w, global_w), raw, global_w[i],
-                                     &m, &v);
+  const float next = LocalStep<kClip, kAdaptive>(p, WeightAt<kLocalFlat>(i, local_flat, global_w),
+                                                 grad[i], global_w[i], &m, &v);
+  StoreWeight<kLocalFlat>(i, next, w, local_flat);
   mom[i] = m;
   if (kAdaptive) var[i] = v;
 }
 
 /*! \brief One element i of the 'predict' step on whole arrays (see LocalUpdateAt); `est`
  *  (the last change of the global weights) is only touched when kPrev. */
-template <bool kClip, bool kAdaptive, bool kSend, bool kPrev, bool kOverwrite>
+template <bool kClip, bool kAdaptive, bool kPrev, bool kLocalFlat>
 ODSGD_HOST_DEVICE void PredictUpdateAt(int64_t i, const UpdateParams& p, float* w,
                                        const float* grad, const float* global_w,
                                        const float* prev_global_w, float* est, float* var,
-                                       float* send) {
-  const float raw = grad[i];
-  if (kSend) send[i] = raw;
+                                       float* local_flat) {
   float e = kPrev ? est[i] : 0.0f;
   float v = kAdaptive ? var[i] : 0.0f;
-  w[i] = PredictStep<kClip, kAdaptive, kPrev>(p, WeightAt<kOverwrite>(i, w, global_w), raw,
-                                              global_w[i], prev_global_w[i], &e, &v);
+  const float next = PredictStep<kClip, kAdaptive, kPrev>(
+      p, WeightAt<kLocalFlat>(i, local_flat, global_w), grad[i], global_w[i], prev_global_w[i],
+      &e, &v);
+  StoreWeight<kLocalFlat>(i, next, w, local_flat);
   if (kPrev) est[i] = e;
   if (kAdaptive) var[i] = v;
 }
 
 /*! \brief One element i of the NAG 'predict' step on whole arrays (see LocalUpdateAt);
  *  `est` is the estimate m of the servers' NAG state. */
-template <bool kClip, bool kAdaptive, bool kSend, bool kPrev, bool kOverwrite>
+template <bool kClip, bool kAdaptive, bool kPrev, bool kLocalFlat>
 ODSGD_HOST_DEVICE void NagPredictUpdateAt(int64_t i, const UpdateParams& p, float* w,
                                           const float* grad, const float* global_w,
                                           const float* prev_global_w, float* est, float* var,
-                                          float* send) {
-  const float raw = grad[i];
-  if (kSend) send[i] = raw;
+                                          float* local_flat) {
   float m = est[i];
   float v = kAdaptive ? var[i] : 0.0f;
-  w[i] = NagPredictStep<kClip, kAdaptive, kPrev>(p, WeightAt<kOverwrite>(i, w, global_w), raw,
-                                                 global_w[i], prev_global_w[i], &m, &v);
+  const float next = NagPredictStep<kClip, kAdaptive, kPrev>(
+      p, WeightAt<kLocalFlat>(i, local_flat, global_w), grad[i], global_w[i], prev_global_w[i],
+      &m, &v);
+  StoreWeight<kLocalFlat>(i, next, w, local_flat);
   est[i] = m;
   if (kAdaptive) var[i] = v;
 }
@@ -233,25 +240,24 @@ constexpr bool kUsesEst =
 /*!
  * \brief One element i of an update kind (kLocal, kPredict, kNagPredict) on whole arrays:
  *  `aux` is mom (kLocal, written) or prev_global_weight (the predicts, read only); `est` is
- *  only touched where kUsesEst, `var` only when kAdaptive, `send` only when kSend. kPrev (the
- *  predicts' estimate takes the previous round's sum) means nothing to kLocal. kOverwrite:
- *  w is written, never read (WeightAt; the call has lam = 0).
+ *  only touched where kUsesEst, `var` only when kAdaptive, `local_flat` only when kLocalFlat.
+ *  kPrev (the predicts' estimate takes the previous round's sum) means nothing to kLocal.
+ *  w is written, never read (WeightAt).
  */
-template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend, bool kPrev,
-          bool kOverwrite = false>
+template <MultiKind kKind, bool kClip, bool kAdaptive, bool kPrev, bool kLocalFlat>
 ODSGD_HOST_DEVICE void UpdateAt(int64_t i, const UpdateParams& p, float* w, const float* grad,
                                 const float* global_w, float* aux, float* est, float* var,
-                                float* send) {
+                                float* local_flat) {
   static_assert(kKind == MultiKind::kLocal || kKind == MultiKind::kPredict ||
                 kKind == MultiKind::kNagPredict, "UpdateAt takes the update kinds only");
   if (kKind == MultiKind::kLocal) {
-    LocalUpdateAt<kClip, kAdaptive, kSend, kOverwrite>(i, p, w, grad, global_w, aux, var, send);
+    LocalUpdateAt<kClip, kAdaptive, kLocalFlat>(i, p, w, grad, global_w, aux, var, local_flat);
   } else if (kKind == MultiKind::kPredict) {
-    PredictUpdateAt<kClip, kAdaptive, kSend, kPrev, kOverwrite>(i, p, w, grad, global_w, aux,
-                                                                est, var, send);
+    PredictUpdateAt<kClip, kAdaptive, kPrev, kLocalFlat>(i, p, w, grad, global_w, aux, est, var,
+                                                         local_flat);
   } else {
-    NagPredictUpdateAt<kClip, kAdaptive, kSend, kPrev, kOverwrite>(i, p, w, grad, global_w, aux,
-                                                                   est, var, send);
+    NagPredictUpdateAt<kClip, kAdaptive, kPrev, kLocalFlat>(i, p, w, grad, global_w, aux, est,
+                                                            var, local_flat);
   }
 }
 
@@ -269,40 +275,21 @@ void DispatchBool(bool flag, Fn fn) {
   }
 }
 
-/*! \brief DispatchBool for the (clip, adaptive, send, previous) flags of an update kernel
- *  of kind kKind: fn(kclip, kadaptive, ksend, kprevious). kPrev means nothing to kLocal, which
- *  gets std::false_type only (no instantiations that differ in nothing). */
+/*! \brief DispatchBool for the (clip, adaptive, previous, local_flat) flags of an update
+ *  kernel of kind kKind: fn(kclip, kadaptive, kprevious, klocal). kPrev means nothing to
+ *  kLocal, which gets std::false_type only (no instantiations that differ in nothing). */
 template <MultiKind kKind, typename Fn>
-void DispatchFlags(bool clip, bool adaptive, bool send, bool previous, Fn fn) {
+void DispatchFlags(bool clip, bool adaptive, bool previous, bool local_flat, Fn fn) {
   DispatchBool(clip, [&](auto kclip) {
     DispatchBool(adaptive, [&](auto kadaptive) {
-      DispatchBool(send, [&](auto ksend) {
+      DispatchBool(local_flat, [&](auto klocal) {
         if constexpr (kKind == MultiKind::kLocal) {
-          fn(kclip, kadaptive, ksend, std::false_type());
+          fn(kclip, kadaptive, std::false_type(), klocal);
         } else {
-          DispatchBool(previous,
-                       [&](auto kprevious) { fn(kclip, kadaptive, ksend, kprevious); });
+          DispatchBool(previous, [&](auto kprevious) { fn(kclip, kadaptive, kprevious, klocal); });
         }
       });
     });
-  });
-}
-
-/*! \brief DispatchFlags with the overwrite flag as well: fn(kclip, kadaptive, ksend,
- *  kprevious, koverwrite). Overwrite requires lam = 0, where v is never read, and the
- *  operator refuses it with adaptive=1: overwrite is only instantiated without kAdaptive. */
-template <MultiKind kKind, typename Fn>
-void DispatchUpdateFlags(bool clip, bool adaptive, bool send, bool previous, bool overwrite,
-                         Fn fn) {
-  DispatchFlags<kKind>(clip, adaptive, send, previous,
-                       [&](auto kclip, auto kadaptive, auto ksend, auto kprevious) {
-    if constexpr (decltype(kadaptive)::value) {
-      fn(kclip, kadaptive, ksend, kprevious, std::false_type());
-    } else {
-      DispatchBool(overwrite, [&](auto koverwrite) {
-        fn(kclip, kadaptive, ksend, kprevious, koverwrite);
-      });
-    }
   });
 }
 
@@ -447,14 +434,14 @@ ODSGD_HOST_DEVICE UpdateParams ParamsOf(const UpdateParams& p, const SegmentTabl
 /*! \brief The flat arrays of a multi-array call (device or host pointers). `aux` is mom
  *  (kLocal) or prev_global_weight (kPredict, kNagPredict); `est` the worker's copy of the
  *  servers' optimizer state (kNagPredict: the estimate of the NAG state; kPredict with
- *  kPrev: the last change of the global weights, SGD's momentum); `var` and `send` are only
- *  touched when the call is adaptive / has a send buffer. For kGather/kScatter only `flat`
- *  is used. */
+ *  kPrev: the last change of the global weights, SGD's momentum); `var` and `local_flat`
+ *  (w_t in, w_{t+1} out) are only touched when the call is adaptive / has kLocalFlat. For
+ *  kGather/kScatter only `flat` is used. */
 struct FlatArrays {
   const float* global_w;
   float* aux;
   float* var;
-  float* send;
+  float* local_flat;
   float* flat;
   float* est;
 };
@@ -470,13 +457,11 @@ struct FlatArrays {
  *  tiles[P]; 0 launches nothing). `device_table` is the SegmentTable block of `num` arrays
  *  in device memory; `p` gives the shared hyper-parameters (each array's lr, wd,
  *  prev_decay, own_scale and prev_scale come from the table); `previous`: kPrev;
- *  `overwrite`: kOverwrite (the weights are only written; never with `adaptive`).
+ *  `local_flat`: kLocalFlat (w_t read from flat.local_flat, w_{t+1} written there too).
  */
 int LaunchMultiCuda(MultiKind kind, int64_t tiles, int num, const void* device_table,
-                    const UpdateParams& p, bool clip, bool adaptive, bool send, bool previous,
-                    bool overwrite, const FlatArrays& flat, void* stream);
-/*! \brief Asynchronous copy of `bytes` bytes on `stream`, device to device. */
-int CopyDeviceAsync(void* dst, const void* src, int64_t bytes, void* stream);
+                    const UpdateParams& p, bool clip, bool adaptive, bool previous,
+                    bool local_flat, const FlatArrays& flat, void* stream);
 /*! \brief Asynchronous copy of `bytes` bytes on `stream`, host (pageable) to device; the
  *  host buffer may be freed as soon as this returns (CUDA stages pageable memory first). */
 int CopyHostToDeviceAsync(void* dst, const void* src, int64_t bytes, void* stream);

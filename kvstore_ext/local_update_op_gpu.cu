@@ -12,8 +12,9 @@
  * local_update_kernels.h, shared with the CPU kernels. Block b covers tile b of the call: a
  * run of kCudaTileElements elements inside one array (local_update_kernels.h), whose array
  * it finds once, by a binary search of the table's tile starts (a few loads of a table that
- * stays in the L1 cache); an element never searches. With overwrite (kOverwrite) the weights
- * are written, never loaded (WeightAt).
+ * stays in the L1 cache); an element never searches. The weights are written, never loaded;
+ * with kLocalFlat w_t is loaded from local_flat and w_{t+1} stored there too (WeightAt,
+ * StoreWeight).
  */
 #include <cuda_runtime.h>
 
@@ -31,21 +32,22 @@ namespace {
  *  issued first, into registers, and only then computed and stored: the kernel is bound by
  *  memory latency and bandwidth, and the compiler would not move a load above an earlier
  *  store itself (it cannot tell that the arrays do not overlap; the operator refuses arrays
- *  that do, except a weight updated in place, which is read and written at the same i).
+ *  that do; local_flat is read and written at the same i).
  */
-template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend, bool kPrev, bool kOverwrite>
+template <MultiKind kKind, bool kClip, bool kAdaptive, bool kPrev, bool kLocalFlat>
 __device__ __forceinline__ void UpdateTile(int64_t begin, int64_t end, const UpdateParams& p,
                                            float* w, const float* grad, const float* global_w,
-                                           float* aux, float* est, float* var, float* send) {
+                                           float* aux, float* est, float* var,
+                                           float* local_flat) {
   constexpr int kR = kCudaElementsPerThread;
   constexpr bool kWritesAux = kKind == MultiKind::kLocal;   // mom; the predicts read W_prev
   constexpr bool kEst = kUsesEst<kKind, kPrev>;
-  float rw[kR], rgrad[kR], rglobal[kR], raux[kR], rest[kR], rvar[kR], rsend[kR];
+  float rw[kR], rgrad[kR], rglobal[kR], raux[kR], rest[kR], rvar[kR], rlocal[kR];
 #pragma unroll
   for (int r = 0; r < kR; ++r) {
     const int64_t i = begin + static_cast<int64_t>(r) * kCudaThreadsPerBlock;
     if (i < end) {
-      if (!kOverwrite) rw[r] = w[i];
+      if (kLocalFlat) rlocal[r] = local_flat[i];
       rgrad[r] = grad[i];
       rglobal[r] = global_w[i];
       raux[r] = aux[i];
@@ -58,13 +60,13 @@ __device__ __forceinline__ void UpdateTile(int64_t begin, int64_t end, const Upd
     const int64_t i = begin + static_cast<int64_t>(r) * kCudaThreadsPerBlock;
     if (i < end) {
       // The same per-element code as the CPU, on this thread's registers.
-      UpdateAt<kKind, kClip, kAdaptive, kSend, kPrev, kOverwrite>(r, p, rw, rgrad, rglobal, raux,
-                                                                  rest, rvar, rsend);
+      UpdateAt<kKind, kClip, kAdaptive, kPrev, kLocalFlat>(r, p, rw, rgrad, rglobal, raux, rest,
+                                                           rvar, rlocal);
       w[i] = rw[r];
+      if (kLocalFlat) local_flat[i] = rlocal[r];
       if (kWritesAux) aux[i] = raux[r];
       if (kEst) est[i] = rest[r];
       if (kAdaptive) var[i] = rvar[r];
-      if (kSend) send[i] = rsend[r];
     }
   }
 }
@@ -87,7 +89,7 @@ __device__ __forceinline__ void CopyTile(int64_t begin, int64_t end, const float
 
 /*! \brief All arrays of a multi-array call, one tile per block; kKind picks update,
  *  gather or scatter. */
-template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend, bool kPrev, bool kOverwrite>
+template <MultiKind kKind, bool kClip, bool kAdaptive, bool kPrev, bool kLocalFlat>
 __global__ void __launch_bounds__(kCudaThreadsPerBlock)
     MultiKernel(int num, const void* __restrict__ table_block, UpdateParams p, FlatArrays f) {
   const SegmentTable t = ViewSegmentTable(table_block, num);
@@ -103,25 +105,24 @@ __global__ void __launch_bounds__(kCudaThreadsPerBlock)
   } else if constexpr (kKind == MultiKind::kScatter) {
     CopyTile(begin, end, f.flat + off, t.out[k]);
   } else {
-    // est, var and send are only offset where they are real arrays (not placeholders).
+    // est, var and local_flat are only offset where they are real arrays (not placeholders).
     float* est = kUsesEst<kKind, kPrev> ? f.est + off : f.est;
     float* var = kAdaptive ? f.var + off : f.var;
-    float* send = kSend ? f.send + off : f.send;
-    UpdateTile<kKind, kClip, kAdaptive, kSend, kPrev, kOverwrite>(
+    float* local_flat = kLocalFlat ? f.local_flat + off : f.local_flat;
+    UpdateTile<kKind, kClip, kAdaptive, kPrev, kLocalFlat>(
         begin, end, ParamsOf(p, t, k), t.out[k], t.in[k], f.global_w + off, f.aux + off, est,
-        var, send);
+        var, local_flat);
   }
 }
 
 template <MultiKind kKind>
 void LaunchMulti(unsigned int blocks, cudaStream_t s, int num, const void* table,
-                 const UpdateParams& p, bool clip, bool adaptive, bool send, bool previous,
-                 bool overwrite, const FlatArrays& f) {
-  DispatchUpdateFlags<kKind>(clip, adaptive, send, previous, overwrite,
-                             [&](auto kclip, auto kadaptive, auto ksend, auto kprevious,
-                                 auto koverwrite) {
+                 const UpdateParams& p, bool clip, bool adaptive, bool previous, bool local_flat,
+                 const FlatArrays& f) {
+  DispatchFlags<kKind>(clip, adaptive, previous, local_flat,
+                       [&](auto kclip, auto kadaptive, auto kprevious, auto klocal) {
     MultiKernel<kKind, decltype(kclip)::value, decltype(kadaptive)::value,
-                decltype(ksend)::value, decltype(kprevious)::value, decltype(koverwrite)::value>
+                decltype(kprevious)::value, decltype(klocal)::value>
         <<<blocks, kCudaThreadsPerBlock, 0, s>>>(num, table, p, f);
   });
 }
@@ -129,8 +130,8 @@ void LaunchMulti(unsigned int blocks, cudaStream_t s, int num, const void* table
 }  // namespace
 
 int LaunchMultiCuda(MultiKind kind, int64_t tiles, int num, const void* device_table,
-                    const UpdateParams& p, bool clip, bool adaptive, bool send, bool previous,
-                    bool overwrite, const FlatArrays& flat, void* stream) {
+                    const UpdateParams& p, bool clip, bool adaptive, bool previous,
+                    bool local_flat, const FlatArrays& flat, void* stream) {
   if (tiles == 0) return 0;
   // A grid has at most 2^31 - 1 blocks: 2.2e12 elements, far beyond any GPU's memory.
   if (tiles > INT_MAX) return static_cast<int>(cudaErrorInvalidConfiguration);
@@ -138,24 +139,24 @@ int LaunchMultiCuda(MultiKind kind, int64_t tiles, int num, const void* device_t
   const auto blocks = static_cast<unsigned int>(tiles);
   switch (kind) {
     case MultiKind::kLocal:
-      LaunchMulti<MultiKind::kLocal>(blocks, s, num, device_table, p, clip, adaptive, send,
-                                     false, overwrite, flat);
+      LaunchMulti<MultiKind::kLocal>(blocks, s, num, device_table, p, clip, adaptive, false,
+                                     local_flat, flat);
       break;
     case MultiKind::kPredict:
-      LaunchMulti<MultiKind::kPredict>(blocks, s, num, device_table, p, clip, adaptive, send,
-                                       previous, overwrite, flat);
+      LaunchMulti<MultiKind::kPredict>(blocks, s, num, device_table, p, clip, adaptive,
+                                       previous, local_flat, flat);
       break;
     case MultiKind::kNagPredict:
       LaunchMulti<MultiKind::kNagPredict>(blocks, s, num, device_table, p, clip, adaptive,
-                                          send, previous, overwrite, flat);
+                                          previous, local_flat, flat);
       break;
     case MultiKind::kGather:
       // Copies take no flags: one instantiation each.
-      MultiKernel<MultiKind::kGather, false, false, false, false, false>
+      MultiKernel<MultiKind::kGather, false, false, false, false>
           <<<blocks, kCudaThreadsPerBlock, 0, s>>>(num, device_table, p, flat);
       break;
     case MultiKind::kScatter:
-      MultiKernel<MultiKind::kScatter, false, false, false, false, false>
+      MultiKernel<MultiKind::kScatter, false, false, false, false>
           <<<blocks, kCudaThreadsPerBlock, 0, s>>>(num, device_table, p, flat);
       break;
   }
@@ -165,12 +166,6 @@ int LaunchMultiCuda(MultiKind kind, int64_t tiles, int num, const void* device_t
 int CopyHostToDeviceAsync(void* dst, const void* src, int64_t bytes, void* stream) {
   return static_cast<int>(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes),
                                           cudaMemcpyHostToDevice,
-                                          static_cast<cudaStream_t>(stream)));
-}
-
-int CopyDeviceAsync(void* dst, const void* src, int64_t bytes, void* stream) {
-  return static_cast<int>(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes),
-                                          cudaMemcpyDeviceToDevice,
                                           static_cast<cudaStream_t>(stream)));
 }
 

@@ -13,48 +13,44 @@
  * N = n_0 + ... + n_{P-1}: array k occupies flat[off_k, off_k + n_k), off_0 = 0, each array
  * flattened in C order. The weights and gradients stay the caller's own arrays.
  *
- *   odsgd_multi_local_update(weights[P], grads[P], global_flat, mom_flat, var_flat,
- *                            out=weights [+ send_flat])
+ *   odsgd_multi_local_update(grads[P], global_flat, mom_flat, var_flat, local_flat,
+ *                            out=weights)
  *     The 'sgd' local step of SPEC.md section 2 on every array, array k with lr = lrs[k]
  *     and wd = wds[k]; mom_flat (and var_flat when adaptive) updated in place.
- *   odsgd_multi_predict_update(weights[P], grads[P], global_flat, prev_global_flat,
- *                              var_flat, est_flat, out=weights [+ send_flat])
+ *   odsgd_multi_predict_update(grads[P], global_flat, prev_global_flat, var_flat,
+ *                              local_flat, est_flat, out=weights)
  *     The 'predict' local step of SPEC.md section 2 on every array, with the estimate of
  *     round t's gradient sum of docs/predict.md: own_scales[k] * gc, and with previous=1
  *     also prev_scales[k] times the previous round's sum, recovered with est_flat (the last
  *     change of the global weights, updated in place) and prev_decays[k].
- *   odsgd_multi_nag_predict_update(weights[P], grads[P], global_flat, prev_global_flat,
- *                                  var_flat, est_flat, out=weights [+ send_flat])
+ *   odsgd_multi_nag_predict_update(grads[P], global_flat, prev_global_flat, var_flat,
+ *                                  local_flat, est_flat, out=weights)
  *     The 'predict' local step for the global optimizer NAG (docs/predict.md) on every
  *     array, array k with lr = lrs[k], wd = wds[k] and prev_decay = prev_decays[k] (lr * wd
  *     of the servers' round that produced global_flat); est_flat (the estimate of the
  *     servers' NAG state) updated in place. own_scales, previous and prev_scales as above.
- *   With overwrite=1 (only with lam=0 and adaptive=0) the weights are outputs only: the
- *   inputs are grads[P] followed by the flat arrays, and the kernels take W_t where they
- *   would read w_t (WeightAt in local_update_kernels.h), which only the compensation term
- *   reads, so the result is the same. MXNet then hands the weights over as kWriteTo
- *   outputs, not kWriteInplace ones, and its engine drops an MKL-DNN layout of a kWriteTo
- *   output before running the operator (imperative_utils.h PushFComputeEx, InvalidateOutputs
- *   in mkldnn_base-inl.h), so a weight that an inference forward reordered into an MKL-DNN
- *   layout needs no reorder first (see odsgd/native/layout.py). Without overwrite a weight
- *   in an MKL-DNN layout fails in MXNet's dispatcher ("We can't generate TBlob for MKLDNN
- *   data"): it is both input and output.
- *   With send=1 the updates have one more output, send_flat, and write send_flat[off_k + i] =
- *   grads[k][i] (the raw gradient for the push) in the same pass. It is an output, not a
- *   mutable input, because MXNet's engine records a failure of the operator on its outputs
- *   only: a push of send_flat after a failed call is then skipped with the error instead of
- *   sending stale data.
+ *   The weights are outputs only, for every lam: the kernels never read them. The old local
+ *   weights w_t, which only the compensation term lam c g g (W - w) reads, come from
+ *   local_flat with local=1 (the store's flat copy of the weights, a mutable input: the same
+ *   pass writes w_{t+1} into it and into the weights); with local=0 (only with lam=0) the
+ *   kernels take W_t for w_t, and the term is 0 either way (WeightAt in
+ *   local_update_kernels.h). MXNet hands the weights over as kWriteTo outputs, and its engine
+ *   drops an MKL-DNN layout of a kWriteTo output before running the operator
+ *   (imperative_utils.h PushFComputeEx, InvalidateOutputs in mkldnn_base-inl.h), so a weight
+ *   that an inference forward reordered into an MKL-DNN layout needs no reorder and no wait
+ *   first (odsgd/native/layout.py); an output that is also an input would fail in MXNet's
+ *   dispatcher ("We can't generate TBlob for MKLDNN data").
  *   odsgd_gather(arrays[P], out=flat)            flat = concatenation of the arrays
  *   odsgd_scatter(flat, arrays[P], out=arrays)   arrays[k] = flat[off_k, off_k + n_k); the
  *     arrays are inputs too only so that their shapes are known (never read).
  *
  * Attributes: num_arrays (P >= 1); for the updates also lrs and wds (P comma-separated
  * numbers each), rescale_grad, clip_gradient (<= 0: off), momentum, lam, adaptive (0/1),
- * beta, eps, send (0/1), overwrite (0/1, may be left out: 0); for both predicts own_scales
+ * beta, eps, local (0/1: local_flat is read and written); for both predicts own_scales
  * (P numbers) and previous (0/1), with previous=1 prev_scales (P numbers); prev_decays
  * (P numbers) for the NAG predict and for the predict with previous=1. var_flat is never
- * touched when adaptive is 0, nor the predict's est_flat when previous is 0: either may then
- * be any float32 array (a 1-element placeholder).
+ * touched when adaptive is 0, local_flat when local is 0, nor the predict's est_flat when
+ * previous is 0: each may then be any float32 array (a 1-element placeholder).
  */
 #include <algorithm>
 #include <cstdint>
@@ -75,12 +71,12 @@ using mxnet::ext::OpResource;
 namespace odsgd {
 namespace {
 
-// Input positions after the arrays (weights and grads, or with overwrite=1 grads only) of the
-// update operators.
+// Input positions after the gradients of the update operators.
 constexpr int kFlatGlobal = 0;
 constexpr int kFlatAux = 1;    // mom_flat (local) or prev_global_flat (predict)
 constexpr int kFlatVar = 2;
-constexpr int kFlatEst = 3;    // predicts: est_flat, the worker's copy of the servers' state
+constexpr int kFlatLocal = 3;  // local_flat: w_t in, w_{t+1} out (local=1)
+constexpr int kFlatEst = 4;    // predicts: est_flat, the worker's copy of the servers' state
 // ps-lite and MXNet handle at most a few thousand parameters per model; this bound only
 // stops a corrupt attribute from allocating absurd tables.
 constexpr int64_t kMaxArrays = 1 << 20;
@@ -104,12 +100,13 @@ bool IsPredict(MultiKind kind) {
   return kind == MultiKind::kPredict || kind == MultiKind::kNagPredict;
 }
 
-/*! \brief Flat inputs after the 2P arrays of an update operator. */
-int NumFlat(MultiKind kind) { return IsPredict(kind) ? 4 : 3; }
+/*! \brief Flat inputs after the P gradients of an update operator. */
+int NumFlat(MultiKind kind) { return IsPredict(kind) ? 5 : 4; }
 
 std::string FlatName(MultiKind kind, int which) {
-  static const char* local[] = {"global_flat", "mom_flat", "var_flat"};
-  static const char* predict[] = {"global_flat", "prev_global_flat", "var_flat", "est_flat"};
+  static const char* local[] = {"global_flat", "mom_flat", "var_flat", "local_flat"};
+  static const char* predict[] = {"global_flat", "prev_global_flat", "var_flat", "local_flat",
+                                  "est_flat"};
   return (kind == MultiKind::kLocal ? local : predict)[which];
 }
 
@@ -117,7 +114,7 @@ std::vector<const char*> AttrNames(MultiKind kind) {
   if (!IsUpdate(kind)) return {"num_arrays"};
   std::vector<const char*> names = {"num_arrays", "lrs", "wds", "rescale_grad",
                                     "clip_gradient", "momentum", "lam", "adaptive",
-                                    "beta", "eps", "send", "overwrite"};
+                                    "beta", "eps", "local"};
   if (IsPredict(kind)) {
     names.insert(names.end(), {"own_scales", "previous", "prev_scales", "prev_decays"});
   }
@@ -132,18 +129,14 @@ struct MultiConfig {
   std::vector<float> own_scales, prev_scales, prev_decays;   // predicts (ParsePredictLists)
   bool clip = false;
   bool adaptive = false;
-  bool send = false;
   bool previous = false;      // predicts: the estimate takes the previous round's sum
-  bool overwrite = false;     // updates: the weights are outputs only (lam = 0)
+  bool local_flat = false;    // updates: w_t is read from local_flat, w_{t+1} written there
 };
 
-// Where an update operator's inputs are: weights[P] (not with overwrite=1), grads[P], then
-// the flat arrays.
-int WeightInputs(const MultiConfig& cfg) { return cfg.overwrite ? 0 : cfg.num; }
-int GradInput(const MultiConfig& cfg, int k) { return WeightInputs(cfg) + k; }
-int FlatInput(const MultiConfig& cfg, int which) {
-  return WeightInputs(cfg) + cfg.num + which;
-}
+// Where an update operator's inputs are: grads[P], then the flat arrays (the weights are
+// outputs only).
+int GradInput(int k) { return k; }
+int FlatInput(const MultiConfig& cfg, int which) { return cfg.num + which; }
 
 /*! \brief Name of input `i` for messages. */
 std::string InputName(MultiKind kind, const MultiConfig& cfg, int i) {
@@ -151,8 +144,7 @@ std::string InputName(MultiKind kind, const MultiConfig& cfg, int i) {
   if (kind == MultiKind::kScatter) {
     return i == 0 ? std::string("flat") : "arrays[" + std::to_string(i - 1) + "]";
   }
-  if (i < WeightInputs(cfg)) return "weights[" + std::to_string(i) + "]";
-  if (i < GradInput(cfg, cfg.num)) return "grads[" + std::to_string(i - WeightInputs(cfg)) + "]";
+  if (i < FlatInput(cfg, 0)) return "grads[" + std::to_string(i) + "]";
   return FlatName(kind, i - FlatInput(cfg, 0));
 }
 
@@ -162,12 +154,21 @@ bool UsesEstFlat(MultiKind kind, const MultiConfig& cfg) {
   return kind == MultiKind::kNagPredict || (kind == MultiKind::kPredict && cfg.previous);
 }
 
-/*! \brief Whether flat input `which` of an update is read: var only when adaptive, the
- *  predict's est_flat only with previous=1 (else either may be a placeholder). */
+/*! \brief Whether flat input `which` of an update is read: var only when adaptive,
+ *  local_flat only with local=1, the predict's est_flat only with previous=1 (else each may
+ *  be a placeholder). */
 bool FlatIsRead(MultiKind kind, const MultiConfig& cfg, int which) {
   if (which == kFlatVar) return cfg.adaptive;
+  if (which == kFlatLocal) return cfg.local_flat;
   if (which == kFlatEst) return UsesEstFlat(kind, cfg);
   return true;
+}
+
+/*! \brief Whether flat input `which` of an update is written (in place): the 'sgd'
+ *  momentum, and var, local_flat and est_flat where they are read. */
+bool FlatIsWritten(MultiKind kind, const MultiConfig& cfg, int which) {
+  if (which == kFlatAux) return kind == MultiKind::kLocal;
+  return which != kFlatGlobal && FlatIsRead(kind, cfg, which);
 }
 
 /*!
@@ -178,8 +179,7 @@ bool FlatIsRead(MultiKind kind, const MultiConfig& cfg, int which) {
  */
 enum class Parse {
   kValidate,   // ParseAttrs: every attribute, unknown names refused
-  kLayout,     // shape, type and mutate callbacks: num_arrays, adaptive, send, previous,
-               // overwrite
+  kLayout,     // shape, type and mutate callbacks: num_arrays, adaptive, previous, local
   kRun,        // forward: every value
 };
 
@@ -212,18 +212,16 @@ bool ParseConfig(const Attrs& attrs, MultiKind kind, Parse level, MultiConfig* c
   cfg->num = static_cast<int>(num);
   if (!IsUpdate(kind)) return true;
   if (IsPredict(kind) && !GetFlag(attrs, op, "previous", &cfg->previous)) return false;
-  if (!GetOptionalFlag(attrs, op, "overwrite", false, &cfg->overwrite)) return false;
-  if (level == Parse::kLayout) {
-    return GetFlag(attrs, op, "adaptive", &cfg->adaptive) &&
-           GetFlag(attrs, op, "send", &cfg->send);
+  if (!GetFlag(attrs, op, "adaptive", &cfg->adaptive) ||
+      !GetFlag(attrs, op, "local", &cfg->local_flat)) {
+    return false;
   }
+  if (level == Parse::kLayout) return true;
   double rescale_grad, clip_gradient, momentum, lam, beta, eps;
   if (!GetNumber(attrs, op, "rescale_grad", &rescale_grad) ||
       !GetNumber(attrs, op, "clip_gradient", &clip_gradient) ||
       !GetNumber(attrs, op, "momentum", &momentum) || !GetNumber(attrs, op, "lam", &lam) ||
-      !GetFlag(attrs, op, "adaptive", &cfg->adaptive) ||
-      !GetNumber(attrs, op, "beta", &beta) || !GetNumber(attrs, op, "eps", &eps) ||
-      !GetFlag(attrs, op, "send", &cfg->send)) {
+      !GetNumber(attrs, op, "beta", &beta) || !GetNumber(attrs, op, "eps", &eps)) {
     return false;
   }
   if (cfg->adaptive && !(beta >= 0.0 && beta <= 1.0)) {
@@ -235,12 +233,11 @@ bool ParseConfig(const Attrs& attrs, MultiKind kind, Parse level, MultiConfig* c
     MX_ERROR_MSG << op << ": eps must be > 0 in adaptive mode, got " << eps;
     return false;
   }
-  if (cfg->overwrite && (lam != 0.0 || cfg->adaptive)) {
-    // The kernels then take W_t for w_t, which only the compensation term reads.
-    MX_ERROR_MSG << op << ": overwrite=1 needs lam=0 and adaptive=0 (the old weights are "
-                 << "then not read; the compensation term reads them), got lam=" << lam
-                 << ", adaptive=" << (cfg->adaptive ? 1 : 0)
-                 << "; pass the weights as inputs too (overwrite=0)";
+  if (lam != 0.0 && !cfg->local_flat) {
+    // Without local_flat the kernels take W_t for w_t, which only the compensation term reads.
+    MX_ERROR_MSG << op << ": lam=" << lam << " reads the old weights w_t, which the weights "
+                 << "(outputs only) do not give: pass local_flat, the flat copy of the "
+                 << "weights, with local=1";
     return false;
   }
   if (!GetFloatList(attrs, op, "lrs", num, &cfg->lrs) ||
@@ -260,8 +257,7 @@ int NumInputs(MultiKind kind, const MultiConfig& cfg) {
 }
 
 int NumOutputs(MultiKind kind, const MultiConfig& cfg) {
-  if (kind == MultiKind::kGather) return 1;
-  return cfg.num + (IsUpdate(kind) && cfg.send ? 1 : 0);
+  return kind == MultiKind::kGather ? 1 : cfg.num;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -297,8 +293,7 @@ MXReturnValue InferType(const Attrs& attrs, std::vector<int>* in_types,
   return MX_SUCCESS;
 }
 
-/*! \brief `sizes` names what the total sums, for the message (with overwrite=1 the weights
- *  are not inputs and their sizes are the gradients'). */
+/*! \brief `sizes` names what the total sums, for the message. */
 bool CheckFlatShape(MultiKind kind, const std::string& name,
                     const std::vector<unsigned int>& shape, int64_t total,
                     const char* sizes = "the arrays' sizes") {
@@ -332,29 +327,21 @@ MXReturnValue InferShape(const Attrs& attrs, std::vector<std::vector<unsigned in
     }
     return CheckFlatShape(kKind, "flat", in[0], total) ? MX_SUCCESS : MX_FAIL;
   }
-  // The weights' shapes: the gradients' (with overwrite=1 the weights are not inputs; MXNet
-  // checks the shapes given here against the output arrays).
+  // The weights' shapes: the gradients' (the weights are outputs only; MXNet checks the
+  // shapes given here against the output arrays).
   int64_t total = 0;
   for (int k = 0; k < num; ++k) {
-    const auto& grad = in[GradInput(cfg, k)];
-    if (!cfg.overwrite && grad != in[k]) {
-      MX_ERROR_MSG << OpName(kKind) << ": grads[" << k << "] has shape "
-                   << ShapeString(grad) << " but weights[" << k << "] has shape "
-                   << ShapeString(in[k]) << "; each gradient must have its weight's shape";
-      return MX_FAIL;
-    }
+    const auto& grad = in[GradInput(k)];
     total += NumElements(grad);
     (*out_shapes)[k] = grad;
   }
   for (int which = 0; which < NumFlat(kKind); ++which) {
     if (!FlatIsRead(kKind, cfg, which)) continue;   // never accessed: a placeholder will do
     if (!CheckFlatShape(kKind, FlatName(kKind, which), in[FlatInput(cfg, which)], total,
-                        cfg.overwrite ? "the gradients' sizes (overwrite=1)"
-                                      : "the arrays' sizes")) {
+                        "the gradients' sizes")) {
       return MX_FAIL;
     }
   }
-  if (cfg.send) (*out_shapes)[num] = {static_cast<unsigned int>(total)};
   return MX_SUCCESS;
 }
 
@@ -366,9 +353,9 @@ MXReturnValue MutateInputs(const Attrs& attrs, std::vector<int>* input_indices) 
   if (!IsUpdate(kKind)) return MX_SUCCESS;
   MultiConfig cfg;
   if (!ParseConfig(attrs, kKind, Parse::kLayout, &cfg)) return MX_FAIL;
-  if (kKind == MultiKind::kLocal) input_indices->push_back(FlatInput(cfg, kFlatAux));
-  if (cfg.adaptive) input_indices->push_back(FlatInput(cfg, kFlatVar));
-  if (UsesEstFlat(kKind, cfg)) input_indices->push_back(FlatInput(cfg, kFlatEst));
+  for (int which = 0; which < NumFlat(kKind); ++which) {
+    if (FlatIsWritten(kKind, cfg, which)) input_indices->push_back(FlatInput(cfg, which));
+  }
   return MX_SUCCESS;
 }
 
@@ -392,7 +379,7 @@ void BuildTable(MultiKind kind, const MultiConfig& cfg, std::vector<MXTensor>* i
     s.out = static_cast<float*>((*outputs)[k].data_ptr);
     s.size = (*outputs)[k].size();
     if (IsUpdate(kind)) {
-      s.in = static_cast<const float*>((*inputs)[GradInput(cfg, k)].data_ptr);
+      s.in = static_cast<const float*>((*inputs)[GradInput(k)].data_ptr);
       s.lr = cfg.lrs[k];
       s.wd = cfg.wds[k];
       if (IsPredict(kind)) s.own_scale = cfg.own_scales[k];
@@ -403,8 +390,8 @@ void BuildTable(MultiKind kind, const MultiConfig& cfg, std::vector<MXTensor>* i
   BuildSegmentTable(specs, table);
 }
 
-/*! \brief Written arrays must not share memory with anything else; outputs[k] may be
- *  weights[k] itself (the in-place use); read-only inputs may share memory. */
+/*! \brief Written arrays must not share memory with anything else; read-only inputs may
+ *  share memory. */
 bool CheckNoAliasing(MultiKind kind, const MultiConfig& cfg, std::vector<MXTensor>* inputs,
                      std::vector<MXTensor>* outputs) {
   const int num = cfg.num;
@@ -422,23 +409,16 @@ bool CheckNoAliasing(MultiKind kind, const MultiConfig& cfg, std::vector<MXTenso
   } else {
     for (int k = 0; k < num; ++k) {
       spans.push_back(SpanOf((*outputs)[k], "weights[" + std::to_string(k) + "]", true));
-      if (k < WeightInputs(cfg) && (*inputs)[k].data_ptr != (*outputs)[k].data_ptr) {
-        spans.push_back(SpanOf((*inputs)[k], InputName(kind, cfg, k), false));
-      }
-      spans.push_back(SpanOf((*inputs)[GradInput(cfg, k)],
-                             InputName(kind, cfg, GradInput(cfg, k)), false));
+      spans.push_back(SpanOf((*inputs)[GradInput(k)], InputName(kind, cfg, GradInput(k)),
+                             false));
     }
     for (int which = 0; which < NumFlat(kind); ++which) {
       if (!FlatIsRead(kind, cfg, which)) continue;
-      const bool written = (which == kFlatAux && kind == MultiKind::kLocal) ||
-                           which == kFlatVar || which == kFlatEst;
       spans.push_back(SpanOf((*inputs)[FlatInput(cfg, which)], FlatName(kind, which),
-                             written));
+                             FlatIsWritten(kind, cfg, which)));
     }
-    if (cfg.send) spans.push_back(SpanOf((*outputs)[num], "send_flat", true));
   }
-  return CheckNoOverlap(OpName(kind), spans,
-                        "pass distinct arrays (an output may only be its own input)");
+  return CheckNoOverlap(OpName(kind), spans, "pass distinct arrays");
 }
 
 bool Prepare(const Attrs& attrs, MultiKind kind, std::vector<MXTensor>* inputs,
@@ -455,7 +435,6 @@ bool Prepare(const Attrs& attrs, MultiKind kind, std::vector<MXTensor>* inputs,
 
 FlatArrays FlatArraysOf(MultiKind kind, const MultiConfig& cfg, std::vector<MXTensor>* inputs,
                         std::vector<MXTensor>* outputs) {
-  const int num = cfg.num;
   FlatArrays f{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
   if (kind == MultiKind::kGather) {
     f.flat = static_cast<float*>((*outputs)[0].data_ptr);
@@ -465,7 +444,7 @@ FlatArrays FlatArraysOf(MultiKind kind, const MultiConfig& cfg, std::vector<MXTe
     f.global_w = static_cast<const float*>((*inputs)[FlatInput(cfg, kFlatGlobal)].data_ptr);
     f.aux = static_cast<float*>((*inputs)[FlatInput(cfg, kFlatAux)].data_ptr);
     f.var = static_cast<float*>((*inputs)[FlatInput(cfg, kFlatVar)].data_ptr);
-    f.send = cfg.send ? static_cast<float*>((*outputs)[num].data_ptr) : nullptr;
+    f.local_flat = static_cast<float*>((*inputs)[FlatInput(cfg, kFlatLocal)].data_ptr);
     if (IsPredict(kind)) {
       f.est = static_cast<float*>((*inputs)[FlatInput(cfg, kFlatEst)].data_ptr);
     }
@@ -480,18 +459,18 @@ FlatArrays FlatArraysOf(MultiKind kind, const MultiConfig& cfg, std::vector<MXTe
 // __restrict__ (GCC drops it on pointers captured into an OpenMP region) and whose body has
 // no branch (kind and flags are template parameters), so GCC -O3 vectorises every
 // instantiation. aux is read only for the predicts and may then be global_w itself, which
-// __restrict__ allows (neither is written). With kOverwrite w is only written.
-template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend, bool kPrev, bool kOverwrite>
+// __restrict__ allows (neither is written). w is only written.
+template <MultiKind kKind, bool kClip, bool kAdaptive, bool kPrev, bool kLocalFlat>
 __attribute__((noinline)) void UpdateRangeCPU(int64_t begin, int64_t end, const UpdateParams p,
                                               float* __restrict__ w,
                                               const float* __restrict__ grad,
                                               const float* __restrict__ global_w,
                                               float* __restrict__ aux, float* __restrict__ est,
                                               float* __restrict__ var,
-                                              float* __restrict__ send) {
+                                              float* __restrict__ local_flat) {
   for (int64_t i = begin; i < end; ++i) {
-    UpdateAt<kKind, kClip, kAdaptive, kSend, kPrev, kOverwrite>(i, p, w, grad, global_w, aux,
-                                                                est, var, send);
+    UpdateAt<kKind, kClip, kAdaptive, kPrev, kLocalFlat>(i, p, w, grad, global_w, aux, est, var,
+                                                         local_flat);
   }
 }
 
@@ -508,19 +487,19 @@ void ForEachSegment(const SegmentTable& t, int num, int64_t begin, int64_t end,
   }
 }
 
-template <MultiKind kKind, bool kClip, bool kAdaptive, bool kSend, bool kPrev, bool kOverwrite>
+template <MultiKind kKind, bool kClip, bool kAdaptive, bool kPrev, bool kLocalFlat>
 void MultiUpdateCPU(const MultiConfig& cfg, const HostSegmentTable& table, const FlatArrays& f) {
   const SegmentTable& t = table.view;
   ParallelFor(table.total, [&](int64_t begin, int64_t end) {
     ForEachSegment(t, cfg.num, begin, end, [&](int k, int64_t b, int64_t e) {
       const int64_t off = t.offsets[k];
-      // est, var and send are only offset where they are real arrays (not placeholders).
+      // est, var and local_flat are only offset where they are real arrays (not placeholders).
       float* est = kUsesEst<kKind, kPrev> ? f.est + off : f.est;
       float* var = kAdaptive ? f.var + off : f.var;
-      float* send = kSend ? f.send + off : f.send;
-      UpdateRangeCPU<kKind, kClip, kAdaptive, kSend, kPrev, kOverwrite>(
+      float* local_flat = kLocalFlat ? f.local_flat + off : f.local_flat;
+      UpdateRangeCPU<kKind, kClip, kAdaptive, kPrev, kLocalFlat>(
           b, e, ParamsOf(cfg.p, t, k), t.out[k], t.in[k], f.global_w + off, f.aux + off, est,
-          var, send);
+          var, local_flat);
     });
   });
 }
@@ -541,19 +520,6 @@ void CopySegmentsCPU(MultiKind kind, int num, const HostSegmentTable& table,
   });
 }
 
-/*! \brief An update whose outputs are not its weight inputs gets the weights copied first
- *  (the kernels update in place); off the intended path. Not with overwrite=1 (no weight
- *  inputs; the kernels do not read the outputs). */
-void CopyWeightsToOutputsCPU(const MultiConfig& cfg, std::vector<MXTensor>* inputs,
-                             std::vector<MXTensor>* outputs) {
-  for (int k = 0; k < WeightInputs(cfg); ++k) {
-    if ((*inputs)[k].data_ptr != (*outputs)[k].data_ptr) {
-      std::memcpy((*outputs)[k].data_ptr, (*inputs)[k].data_ptr,
-                  static_cast<size_t>((*inputs)[k].size()) * sizeof(float));
-    }
-  }
-}
-
 template <MultiKind kKind>
 MXReturnValue ForwardCPU(const Attrs& attrs, std::vector<MXTensor>* inputs,
                          std::vector<MXTensor>* outputs, const OpResource& res) {
@@ -566,13 +532,10 @@ MXReturnValue ForwardCPU(const Attrs& attrs, std::vector<MXTensor>* inputs,
   if constexpr (!IsUpdate(kKind)) {
     CopySegmentsCPU(kKind, cfg.num, table, f);
   } else {
-    CopyWeightsToOutputsCPU(cfg, inputs, outputs);
-    DispatchUpdateFlags<kKind>(cfg.clip, cfg.adaptive, cfg.send, cfg.previous, cfg.overwrite,
-                               [&](auto clip, auto adaptive, auto send, auto previous,
-                                   auto overwrite) {
+    DispatchFlags<kKind>(cfg.clip, cfg.adaptive, cfg.previous, cfg.local_flat,
+                         [&](auto clip, auto adaptive, auto previous, auto local_flat) {
       MultiUpdateCPU<kKind, decltype(clip)::value, decltype(adaptive)::value,
-                     decltype(send)::value, decltype(previous)::value,
-                     decltype(overwrite)::value>(cfg, table, f);
+                     decltype(previous)::value, decltype(local_flat)::value>(cfg, table, f);
     });
   }
   return MX_SUCCESS;
@@ -595,17 +558,9 @@ MXReturnValue ForwardGPU(const Attrs& attrs, std::vector<MXTensor>* inputs,
   void* device_table = res.alloc_gpu(static_cast<int>(bytes));
   int rc = device_table ? CopyHostToDeviceAsync(device_table, table.block.data(), bytes, stream)
                         : 2;  // cudaErrorMemoryAllocation
-  if (rc == 0 && IsUpdate(kKind)) {
-    for (int k = 0; k < WeightInputs(cfg) && rc == 0; ++k) {
-      if ((*inputs)[k].data_ptr != (*outputs)[k].data_ptr) {
-        rc = CopyDeviceAsync((*outputs)[k].data_ptr, (*inputs)[k].data_ptr,
-                             (*inputs)[k].size() * static_cast<int64_t>(sizeof(float)), stream);
-      }
-    }
-  }
   if (rc == 0) {
     rc = LaunchMultiCuda(kKind, table.tiles, cfg.num, device_table, cfg.p, cfg.clip,
-                         cfg.adaptive, cfg.send, cfg.previous, cfg.overwrite,
+                         cfg.adaptive, cfg.previous, cfg.local_flat,
                          FlatArraysOf(kKind, cfg, inputs, outputs), stream);
   }
   if (rc != 0) {

@@ -80,16 +80,6 @@ inline bool GetFlag(const Attrs& attrs, const char* op, const char* key, bool* o
   return true;
 }
 
-/*! \brief A 0/1 attribute that may be left out: `fallback` when it is. */
-inline bool GetOptionalFlag(const Attrs& attrs, const char* op, const char* key, bool fallback,
-                            bool* out) {
-  if (attrs.find(key) == attrs.end()) {
-    *out = fallback;
-    return true;
-  }
-  return GetFlag(attrs, op, key, out);
-}
-
 /*! \brief An integer attribute in [minimum, maximum]. */
 inline bool GetCount(const Attrs& attrs, const char* op, const char* key, int64_t minimum,
                      int64_t maximum, int64_t* out) {

@@ -105,4 +105,6 @@ def load_checkpoint(trainer, prefix):
     for param in trainer._params:
         for array in param.list_data():
             array[:] = local[param.name].as_in_context(array.context)
+    if kv.local is not None:           # the step reads w^i from the parameters anew
+        kv.local.forget_local_weights()
     mx.nd.waitall()

@@ -106,6 +106,8 @@ class KeyGroup(object):
     current, previous : W_t and W_{t-1}, the last two global weights; `following` receives
         W_{t+1} while the step's local update reads the other two (`rotate`).
     mom, var : the worker's local states (allocated by LocalUpdater), or None.
+    local : with lam != 0, the worker's flat copy of its weights w_t, which the compensation
+        term reads and the fused local update rewrites with w_{t+1} (LocalUpdater), or None.
     global_step : the global step of its next push (the step of the job's next step when it is
         made; a key that sits out steps, a frozen layer, catches up when it is pushed again).
     pushes : pushes made through this group.
@@ -139,7 +141,7 @@ class KeyGroup(object):
         self.current, self.previous = zeros(), zeros()
         self.following = None        # made by the first OD round (`following_buffer`)
         self.gradients = None        # the step's gradients end to end (`gradient_buffer`)
-        self.mom = self.var = None
+        self.mom = self.var = self.local = None
         self.scratch = None          # receives user pulls and probe rounds
         self.global_step = global_step
         self.pushes = 0

@@ -246,7 +246,7 @@ class KeyPlanner(object):
         over, the server key initialised with W_t); the cut group retires."""
         templates = group.views(group.current)
         whole = self._new_group(group.keys, group.indices, templates, group.global_step)
-        for buffer in ("current", "previous", "mom", "var"):
+        for buffer in ("current", "previous", "mom", "var", "local"):
             source = getattr(group, buffer)
             if source is not None:
                 target = getattr(whole, buffer)
@@ -388,7 +388,7 @@ class KeyPlanner(object):
         group = self._new_group(member_keys, [self._index[k] for k in member_keys], templates,
                                 global_step)
         local.prepare(group)
-        for buffer in ("current", "previous", "mom", "var"):
+        for buffer in ("current", "previous", "mom", "var", "local"):
             if getattr(group, buffer) is None:
                 continue
             targets = group.views(getattr(group, buffer))

@@ -455,4 +455,6 @@ def load_global_weights(trainer_or_module):
         trainer_or_module._params_dirty = True
     if pairs:
         kv.pull([k for k, _ in pairs], out=[o for _, o in pairs])
+    if kv.local is not None:           # training goes on from W: w_t is read from it anew
+        kv.local.forget_local_weights()
     mx.nd.waitall()

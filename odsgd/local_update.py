@@ -16,7 +16,9 @@ the servers' previous round recovered from the global weights for 'previous'.
 
 Each knows the flat states it keeps per key group (`buffers`: `mom` is the momentum of 'sgd',
 the NAG estimate of 'predict' and, for the SGD 'predict' with the 'previous' estimate, the last
-change of the global weights; `var` the adaptive compensation's v), its rates, and how it
+change of the global weights; `var` the adaptive compensation's v; `local`, with lam != 0, the
+worker's own flat copy of w_t, which the compensation term reads: the fused operator writes
+the weights without reading them, so it never waits for them), its rates, and how it
 runs on a whole key group (odsgd/key_groups.py): one fused C++ operator
 (`odsgd.native.multi_update_`) when the library is loaded and takes the arrays, the same
 formulas as NDArray ops per parameter otherwise (another dtype than float32, no library);
@@ -32,6 +34,7 @@ local weight decay).
 import copy
 import dataclasses
 import logging
+import weakref
 from typing import List, Optional
 
 import mxnet as mx
@@ -178,7 +181,8 @@ class LocalRule(object):
     """One local update rule (see the module's docstring), made for one global optimizer.
 
     Class attributes: `kind`, the fused operator's kind (None: no fused operator);
-    `buffers`, the KeyGroup flat states it keeps (zero at first).
+    `buffers`, the KeyGroup flat states it keeps (zero at first; `local` is filled from the
+    parameters before it is read, `local_weights`).
     """
     kind = None
     buffers = ()
@@ -188,6 +192,11 @@ class LocalRule(object):
         self.global_optimizer = global_optimizer
         self.num_workers = num_workers
         self._fallback_logged = False
+        # The groups whose `local` holds their parameters' values (filled, then kept by the
+        # fused operator); a weak set, since groups retire when the planner re-makes them.
+        self._local_known = weakref.WeakSet()
+        if config.compensation:
+            self.buffers = self.buffers + ("local",)
         if config.compensation and config.compensation_mode == "adaptive":
             self.buffers = self.buffers + ("var",)
 
@@ -232,15 +241,16 @@ class LocalRule(object):
         operator takes the arrays, else as NDArray ops."""
         params = self.params(group, step, multipliers)
         arrays = list(weights) + list(grads) + [group.current, group.previous]
-        arrays += [a for a in (group.mom, group.var) if a is not None]
+        arrays += [a for a in (group.mom, group.var, group.local) if a is not None]
         if fused_ops_take(group, arrays):
             native.multi_update_(self.kind, weights, grads, group.current,
-                                 var_flat=group.var, lrs=params.lrs,
-                                 wds=params.wds, prev_decays=params.prev_decays,
+                                 var_flat=group.var, local_flat=self.local_weights(group, weights),
+                                 lrs=params.lrs, wds=params.wds, prev_decays=params.prev_decays,
                                  own_scales=params.own_scales, prev_scales=params.prev_scales,
                                  num_workers=params.num_workers, **self.fused_states(group),
                                  **params.shared())
             return
+        self._local_known.discard(group)     # the fallback reads and writes the weights only
         self._log_fallback(weights[0])
         W, W_prev = group.views(group.current), group.views(group.previous)
         moms = group.views(group.mom) if group.mom is not None else [None] * len(weights)
@@ -251,6 +261,24 @@ class LocalRule(object):
     def fused_states(self, group):
         """The flat states multi_update_ takes for this kind, by its argument names."""
         raise NotImplementedError
+
+    def local_weights(self, group, weights):
+        """`group.local` holding w_t, the values of `weights` (None where lam = 0: the step
+        does not read w_t). Filled from the weights the first time and after
+        `forget_local_weights`: one gather_, which MXNet's engine orders after the weights'
+        pending writes and which reads an MKL-DNN layout through a copy, so the Python thread
+        waits for nothing; the fused operator keeps it equal to the weights from then on."""
+        if group.local is None:
+            return None
+        if group not in self._local_known:
+            native.gather_(weights, group.local)
+            self._local_known.add(group)
+        return group.local
+
+    def forget_local_weights(self):
+        """The parameters were written from outside the step: every group's `local` is filled
+        from them again before its next fused update reads it."""
+        self._local_known = weakref.WeakSet()
 
     def fallback(self, i, weight, grad, W, W_prev, mom, var, params):
         """The NDArray step of array `i` of the group."""
@@ -613,7 +641,8 @@ class LocalUpdater(object):
         return self.rule.local_learning_rate(step)
 
     def prepare(self, group):
-        """Allocates the flat states the step keeps in `group` (zero at first)."""
+        """Allocates the flat states the step keeps in `group` (zero at first; `local`, with
+        lam != 0, is filled from the parameters at the group's first local update)."""
         for name in self.rule.buffers:
             if getattr(group, name) is None:
                 setattr(group, name, mx.nd.zeros((group.total,), group.context,
@@ -630,6 +659,12 @@ class LocalUpdater(object):
         parameter (lr_mult, wd_mult)."""
         self.prepare(group)
         self.rule.update_group(group, step, weights, grads, multipliers)
+
+    def forget_local_weights(self):
+        """Call when something other than the step wrote the parameters (load_global_weights,
+        load_checkpoint): with lam != 0 the next local update of each group reads w_t from
+        the parameters again (LocalRule.local_weights)."""
+        self.rule.forget_local_weights()
 
     def update(self, key, step, weight, grad, global_weight, prev_global_weight,
                multipliers=(1.0, 1.0)):

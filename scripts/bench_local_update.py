@@ -2,22 +2,23 @@
 
     python scripts/bench_local_update.py dispatch --json results/bench_dispatch.json
     python scripts/bench_local_update.py bandwidth --json results/bench_local_update.json
+    python scripts/bench_local_update.py step --json results/bench_step.json
 
 dispatch: the per-step cost of a group of P parameter arrays, P one-array calls
-(odsgd.native.multi_update_ with P = 1 on the array's own 1-D states, each after a copy of
-the gradient into a send buffer, as a store working per key would) against one multi-array
-call (odsgd.native.multi_update_ with send_flat, which does the copy too), for P = 1, 16 and 162 arrays of a Dense(16) net
+(odsgd.native.multi_update_ with P = 1 on the array's own 1-D states, as a store working per
+key would) against one multi-array call, for P = 1, 16 and 162 arrays of a Dense(16) net
 (16x16 weights and 16 biases) and for ResNet-50 v1's 161 parameter shapes. "issue" is the
 Python time until the calls return (what the training loop's thread pays), "total" until
 MXNet's engine has run them (mx.nd.waitall), each call starting on idle arrays as in a
 training step. Per-array time = total / P.
 
-bandwidth: for each array size and compensation mode it times three things and reports memory bandwidth:
+bandwidth: for each array size and compensation mode it times three things and reports memory
+bandwidth:
 
   fused     odsgd.native.multi_update_('sgd', [weight], ...): the operator on one array
             (P = 1; the arrays are 1-D, so they are their own flat states), one pass: reads
-            weight, grad, global_weight, mom (+ var when adaptive), writes weight, mom
-            (+ var): 24 (32) bytes per element.
+            local_flat (w_t), grad, global_weight, mom (+ var when adaptive), writes weight,
+            local_flat, mom (+ var): 28 (36) bytes per element.
   copy      NDArray.copyto of an array holding the same number of bytes (read + write): the
             memory-bandwidth reference, what one pass over that much memory costs.
   fallback  the same math as plain mx.nd operators: the package's own NDArray fallback,
@@ -26,6 +27,16 @@ bandwidth: for each array size and compensation mode it times three things and r
 Bandwidth = the fused operator's byte count / time, for all three, so that "fused / copy" is
 the fraction of copy bandwidth the fused operator reaches and "speed-up" = fallback time /
 fused time. Targets: fused >= 0.8x copy, >= 2x faster than the fallback.
+
+step: a whole model's local update as the store makes it every step (LocalUpdater.update_group
+on the key groups the store packs the parameters into), with lam = 0 and with the adaptive
+compensation (lam = 2), for ResNet-18 v2's 62 parameter arrays (11.7 M elements, many small,
+a few large) and the 2.1 M-parameter benchmark MLP: steps in a row with no wait in between,
+as a training loop makes them. "issue" is the Python time per step (what the training
+loop's thread pays, waits included), "total" the time per step until MXNet's engine has run
+them all, "wait" the part of issue spent in odsgd.native.layout.to_default_layout (the
+blocking wait for the weights' pending writes). It uses only LocalUpdater and KeyGroup, so it
+runs on any version of the package (to compare one with another).
 
 Threads: MXNet runs CPU operators with its own OpenMP thread count (OMP_NUM_THREADS, else
 MXNET_OMP_MAX_THREADS, else half the logical CPUs on x86); this script sets neither and
@@ -54,9 +65,9 @@ HYPER = dict(rescale_grad=1.0 / 256, clip_gradient=None, lr=0.05, momentum=0.9, 
 
 
 def bytes_per_call(n, adaptive):
-    """Bytes the fused operator must move: 4 arrays read and 2 written (constant mode),
-    5 read and 3 written (adaptive), 4 bytes per float32 element."""
-    arrays = 8 if adaptive else 6
+    """Bytes the fused operator must move: 4 arrays read and 3 written (constant mode),
+    5 read and 4 written (adaptive), 4 bytes per float32 element."""
+    arrays = 9 if adaptive else 7
     return arrays * 4 * n
 
 
@@ -86,30 +97,31 @@ def time_interleaved(calls, repeats, min_time):
             for name, per_call in samples.items()}
 
 
-def fused_update(weight, grad, global_weight, mom, var, *, adaptive, rescale_grad,
+def fused_update(weight, grad, global_weight, mom, var, local, *, adaptive, rescale_grad,
                  clip_gradient, lr, momentum, wd, lam, beta, eps):
-    """The fused local update of one array: the operator with P = 1. All arrays are 1-D (or
-    weight and grad any shape, the others 1-D of their size); var may be None unless
-    adaptive. What odsgd.native.local_update_ does, without its flat views."""
+    """The fused local update of one array: the operator with P = 1, w_t read from `local`
+    (the store's flat copy of the weights), w_{t+1} written to weight and local. All arrays
+    are 1-D (or weight and grad any shape, the others 1-D of their size); var may be None
+    unless adaptive."""
     native.multi_update_("sgd", [weight], [grad], global_weight, mom_flat=mom, var_flat=var,
-                         lrs=[lr], wds=[wd], rescale_grad=rescale_grad,
+                         local_flat=local, lrs=[lr], wds=[wd], rescale_grad=rescale_grad,
                          clip_gradient=clip_gradient, momentum=momentum, lam=lam,
                          adaptive=adaptive, beta=beta, eps=eps)
 
 
 def make_state(n, seed):
-    """weight, grad, global_weight, mom, var: float32 arrays of n elements."""
+    """weight, grad, global_weight, mom, var, local (= weight): float32 arrays of n elements."""
     mx.random.seed(seed)
     global_weight = mx.nd.random.normal(0, 1, shape=(n,), dtype="float32")
     weight = global_weight + mx.nd.random.normal(0, 0.01, shape=(n,), dtype="float32")
     grad = mx.nd.random.normal(0, 1, shape=(n,), dtype="float32")
-    return weight, grad, global_weight, mx.nd.zeros((n,)), mx.nd.zeros((n,))
+    return weight, grad, global_weight, mx.nd.zeros((n,)), mx.nd.zeros((n,)), weight.copy()
 
 
 def check_agreement(adaptive):
     """The two implementations must compute the same thing before their times compare."""
     fused = make_state(10007, seed=1)
-    fallback = [a.copy() for a in fused]
+    fallback = [a.copy() for a in fused[:5]]
     for _ in range(3):
         fused_update(*fused, adaptive=adaptive, **HYPER)
         ndarray_local_update_(*fallback, adaptive=adaptive, **HYPER)
@@ -122,7 +134,7 @@ def check_agreement(adaptive):
 def bench_one(n, adaptive, repeats, min_time):
     nbytes = bytes_per_call(n, adaptive)
     fused_state = make_state(n, seed=n)
-    fallback_state = [a.copy() for a in fused_state]
+    fallback_state = [a.copy() for a in fused_state[:5]]
     src = mx.nd.ones((nbytes // 8,))       # copy reads and writes 4 bytes per element
     dst = mx.nd.zeros((nbytes // 8,))
     timings = time_interleaved({
@@ -198,22 +210,23 @@ def dispatch_calls(shapes, seed):
     weights, grads = state()
     globals_ = [w.reshape((-1,)).copy() for w in weights]
     moms = [mx.nd.zeros((int(np.prod(s)),)) for s in shapes]
-    sends = [mx.nd.zeros(s) for s in shapes]
+    locals_ = [w.reshape((-1,)).copy() for w in weights]
     m_weights, m_grads = state()
     global_flat = mx.nd.array(rng.standard_normal(total), dtype="float32")
-    mom_flat, send_flat = mx.nd.zeros((total,)), mx.nd.zeros((total,))
+    mom_flat = mx.nd.zeros((total,))
+    local_flat = mx.nd.array(np.concatenate([w.asnumpy().ravel() for w in m_weights]))
     lrs, wds = [0.05] * len(shapes), [1e-4] * len(shapes)
     common = {k: v for k, v in HYPER.items() if k not in ("lr", "wd")}
 
     def single():
         for k in range(len(shapes)):
-            grads[k].copyto(sends[k])
-            fused_update(weights[k], sends[k], globals_[k], moms[k], None, adaptive=False,
-                         lr=0.05, wd=1e-4, **common)
+            fused_update(weights[k], grads[k], globals_[k], moms[k], None, locals_[k],
+                         adaptive=False, lr=0.05, wd=1e-4, **common)
 
     def multi():
         native.multi_update_("sgd", m_weights, m_grads, global_flat, mom_flat=mom_flat,
-                             send_flat=send_flat, lrs=lrs, wds=wds, adaptive=False, **common)
+                             local_flat=local_flat, lrs=lrs, wds=wds, adaptive=False,
+                             **common)
 
     return single, multi
 
@@ -296,15 +309,160 @@ def bench_bandwidth(args):
     return rows
 
 
+# -- step: a whole model's local update, lam = 0 against the compensation ----------------------
+STEP_SETTINGS = {"lam=0": (0.0, "constant"), "lam=2 adaptive": (2.0, "adaptive")}
+
+
+def mlp_shapes():
+    """The 2.1 M-parameter benchmark MLP (odsgd/bench/throughput_job.py, 1024-1024-1024-10) in
+    gluon.Trainer's order (parameters sorted by name)."""
+    return [(1024,), (1024, 1024), (1024,), (1024, 1024), (10,), (10, 1024)]
+
+
+def step_models():
+    from odsgd.bench.model_shapes import model_shapes
+    return {"resnet18_v2": list(model_shapes("resnet18_v2")), "mlp": mlp_shapes()}
+
+
+def step_groups(shapes, seed):
+    """[(KeyGroup, weights, grads)]: the key groups the store packs these parameters into
+    (plan_fusion with the default ODSGD_FUSION_ELEMENTS), W_t and W_{t-1} near the weights."""
+    from odsgd.config import DEFAULT_FUSION_ELEMENTS
+    from odsgd.key_groups import KeyGroup
+    from odsgd.key_plan import plan_fusion
+    rng = np.random.default_rng(seed)
+    sizes = [int(np.prod(s)) for s in shapes]
+    groups = []
+    for number, members in enumerate(plan_fusion(sizes, [("float32", "cpu")] * len(sizes),
+                                                 DEFAULT_FUSION_ELEMENTS)):
+        values = [(0.1 * rng.standard_normal(shapes[p])).astype(np.float32) for p in members]
+        weights = [mx.nd.array(v, dtype="float32") for v in values]
+        grads = [mx.nd.array(rng.standard_normal(shapes[p]), dtype="float32") for p in members]
+        group = KeyGroup(number, members, members, weights)
+        flat = np.concatenate([v.ravel() for v in values])
+        for buffer in (group.current, group.previous):
+            buffer[:] = flat + (0.01 * rng.standard_normal(flat.size)).astype(np.float32)
+        groups.append((group, weights, grads))
+    return groups
+
+
+def step_updater(lam, mode):
+    """The 'sgd' local rule of a store with this compensation, for a global SGD."""
+    from odsgd.config import ODSGDConfig
+    from odsgd.local_update import LocalUpdater
+    config = ODSGDConfig(local_optimizer="sgd", local_optimizer_params={
+        "learning_rate": 0.05, "momentum": 0.9, "wd": 1e-4}, compensation=lam,
+        compensation_mode=mode, warmup_steps=0, environ={})
+    optimizer = mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, rescale_grad=1.0 / 128)
+    return LocalUpdater(config, optimizer, num_workers=2)
+
+
+class WaitMeter(object):
+    """Seconds the Python thread spends in odsgd.native.layout.to_default_layout (the
+    blocking wait for the weights' pending writes), wherever the package calls it."""
+
+    def __init__(self):
+        from odsgd.native import layout
+        self.seconds, self.calls = 0.0, 0
+        original = layout.to_default_layout
+
+        def timed(arrays, context):
+            start = time.perf_counter()
+            try:
+                return original(arrays, context)
+            finally:
+                self.seconds += time.perf_counter() - start
+                self.calls += 1
+        layout.to_default_layout = timed
+
+
+def run_steps(updater, groups, first_step, steps, meter):
+    """(issue, total, wait) seconds per step of `steps` local updates of every group in a
+    row, without a wait in between, as a training loop makes them."""
+    multipliers = {id(g): [(1.0, 1.0)] * len(w) for g, w, _ in groups}
+    mx.nd.waitall()
+    waited = meter.seconds
+    start = time.perf_counter()
+    for step in range(first_step, first_step + steps):
+        for group, weights, grads in groups:
+            updater.update_group(group, step, weights, grads, multipliers[id(group)])
+    issued = time.perf_counter()
+    mx.nd.waitall()
+    total = time.perf_counter() - start
+    return (issued - start) / steps, total / steps, (meter.seconds - waited) / steps
+
+
+def step_cases(args):
+    """{(model, setting): [updater, groups, next step, steps per run]}, warmed up."""
+    models = step_models()
+    cases = {}
+    for model in args.models.split(","):
+        for setting in args.settings.split(";"):
+            updater = step_updater(*STEP_SETTINGS[setting])
+            groups = step_groups(models[model], seed=len(models[model]))
+            mx.nd.waitall()
+            start = time.perf_counter()
+            run_steps(updater, groups, 0, 2, WaitMeter.active)
+            per_step = (time.perf_counter() - start) / 2
+            cases[(model, setting)] = [updater, groups, 2,
+                                       max(3, int(args.min_time / max(per_step, 1e-6)))]
+    return cases
+
+
+def bench_step(args):
+    WaitMeter.active = WaitMeter()
+    cases = step_cases(args)
+    samples = {case: [] for case in cases}
+    for _ in range(args.repeats):         # interleaved: load falls on every case alike
+        for case, state in cases.items():
+            updater, groups, first, steps = state
+            samples[case].append(run_steps(updater, groups, first, steps, WaitMeter.active))
+            state[2] += steps
+    rows = []
+    for (model, setting), runs in samples.items():
+        row = {"model": model, "setting": setting, "steps_per_run": cases[(model, setting)][3],
+               "groups": len(cases[(model, setting)][1]), "repeats": len(runs),
+               "runs_s": [dict(zip(("issue", "total", "wait"), run)) for run in runs]}
+        for position, name in enumerate(("issue", "total", "wait")):
+            values = [run[position] for run in runs]
+            row[name] = {"median_s": statistics.median(values), "min_s": min(values),
+                         "max_s": max(values)}
+        rows.append(row)
+    print_step_table(rows)
+    return rows
+
+
+def print_step_table(rows):
+    header = "%-12s %-15s %6s  %-24s %-24s %-24s" % ("model", "setting", "groups",
+                                                   "total ms/step", "issue ms/step",
+                                                   "wait ms/step")
+
+    def cell(timing):
+        return "%7.2f [%6.2f-%6.2f]" % (1e3 * timing["median_s"], 1e3 * timing["min_s"],
+                                        1e3 * timing["max_s"])
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print("%-12s %-15s %6d  %-24s %-24s %-24s" % (row["model"], row["setting"],
+                                                       row["groups"], cell(row["total"]),
+                                                       cell(row["issue"]), cell(row["wait"])))
+    print("median [fastest - slowest] of the interleaved runs; total: until MXNet ran them, "
+          "issue: the Python thread, wait: of issue, in to_default_layout")
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("benchmark", choices=("dispatch", "bandwidth"), nargs="?",
+    parser.add_argument("benchmark", choices=("dispatch", "bandwidth", "step"), nargs="?",
                         default="dispatch", help="what to measure (default: dispatch)")
     parser.add_argument("--sizes", default="1,4,16,64",
                         help="bandwidth: array sizes in units of 2^20 float32 elements "
                              "(default: 1,4,16,64)")
     parser.add_argument("--modes", default="constant,adaptive",
                         help="bandwidth: compensation modes to time (default: constant,adaptive)")
+    parser.add_argument("--models", default="resnet18_v2,mlp",
+                        help="step: the models (default: resnet18_v2,mlp)")
+    parser.add_argument("--settings", default=";".join(STEP_SETTINGS),
+                        help="step: ';'-separated settings of %s" % sorted(STEP_SETTINGS))
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per cell (default 5)")
     parser.add_argument("--min-time", type=float, default=0.25,
                         help="seconds one timed run should last at least (default 0.25)")
@@ -317,7 +475,8 @@ def main(argv=None):
     if not native.load():
         sys.exit("bench_local_update: the fused operator is not built; run `make native` or "
                  "`python -m odsgd.native build` first")
-    rows = bench_dispatch(args) if args.benchmark == "dispatch" else bench_bandwidth(args)
+    rows = {"dispatch": bench_dispatch, "bandwidth": bench_bandwidth,
+            "step": bench_step}[args.benchmark](args)
     if args.json:
         meta = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv),
                 "benchmark": args.benchmark,

@@ -2,11 +2,12 @@
 
 An inference-mode forward of a conv net makes MXNet's CPU build keep the conv weights in an
 MKL-DNN layout, which the library operators cannot write in place (odsgd/native/layout.py).
-The jobs run with both paths of the local update: with the compensation term (lam 0.1) it
-reads the weights and odsgd.native reorders them first, waiting for their pending writes;
-with lam = 0 (the default) the update passes them as outputs only (overwrite=1) and MXNet
-drops the layout itself, with no wait (the Module job with lam = 0 and neither the reorder
-nor overwrite=1 failed 3 runs of 3 with MXNet's message).
+The local update passes the weights as outputs only, for every lam, and MXNet drops the
+layout itself, with no wait (the Module job with lam = 0 and the weights as inputs too,
+without a reorder, failed 3 runs of 3 with MXNet's message). With the compensation term
+(lam 0.1) the update reads w_t from the store's flat copy of the weights, gathered from them
+at the first step (an MKL-DNN layout is read through a copy, inside MXNet's engine) and again
+after load_global_weights, which the jobs call after their first epoch before training on.
 
 Each job (2 workers, 1 server, dist_odsgd in the OD phase from the first step, 3 epochs:
 tests/jobs/eval_layout_job.py) runs twice: with the fused operators loaded, and with the

@@ -211,8 +211,9 @@ def test_predict_accepts_the_same_array_as_both_global_weights(native):
 
 @pytest.mark.parametrize("size", [5, 100003])
 def test_without_out_the_result_is_a_new_array(native, size):
-    """Called without out=weight the operator (one array, P = 1) returns w_{t+1} in a new
-    array, leaves weight alone and still updates mom (a declared mutable input)."""
+    """Called without out= the operator (one array, P = 1; the weights are outputs only)
+    returns w_{t+1} in a new array, and still updates mom and local_flat (declared mutable
+    inputs)."""
     import mxnet as mx
     rng = np.random.default_rng(3)
     w, W = _inputs(rng, (size,))
@@ -220,13 +221,13 @@ def test_without_out_the_result_is_a_new_array(native, size):
     grad = rng.standard_normal(size).astype(np.float32)
     options = _options(False, "constant", 0.5, 0.9, 0.0)
     expected = ref.local_sgd_step(w, W, grad, m, v, **options)
-    weight, mom = _nd(w), _nd(np.zeros(size, np.float32))
-    result = mx.nd.odsgd_multi_local_update(weight, _nd(grad), _nd(W), mom, _nd(v),
-                                            num_arrays=1, lrs=0.1, wds=0.0, send=0,
+    local, mom = _nd(w), _nd(np.zeros(size, np.float32))
+    result = mx.nd.odsgd_multi_local_update(_nd(grad), _nd(W), mom, _nd(v), local,
+                                            num_arrays=1, lrs=0.1, wds=0.0, local=1,
                                             rescale_grad=0.5, clip_gradient=-1, momentum=0.9,
                                             lam=0.5, adaptive=0, beta=0.9, eps=1e-7)
     _close(result, expected, "result")
-    _close(weight, w, "weight must stay unchanged")
+    _close(local, expected, "local_flat")
     _close(mom, m, "mom")
 
 
@@ -280,7 +281,10 @@ def _arrays(shape=(6,), dtype="float32", **replace):
 @pytest.mark.parametrize("case,message", [
     ("float64", "only float32"),
     ("float16_grad", "input 'grads[0]' has dtype"),
-    ("grad_shape", "grads[0] has shape (5,) but weights[0] has shape (6,)"),
+    # local_update_ passes a flat copy of the weight (6 elements) as local_flat; the operator
+    # takes the sizes from the gradients (the weights are outputs only).
+    ("grad_shape", "'global_flat' has shape (6,) but must be 1-D of length 5 (the sum of the "
+                   "gradients' sizes"),
     ("var_shape", "'var_flat' has shape (1,) but must be 1-D of length 6"),
     ("mom_is_weight", "shares memory with"),
     ("eps_zero", "eps must be > 0"),
@@ -325,9 +329,10 @@ def test_unknown_attribute_is_refused(native):
     import mxnet as mx
     a = _arrays()
     with pytest.raises(mx.base.MXNetError) as caught:
-        mx.nd.odsgd_multi_local_update(*a, out=a[0], num_arrays=1, lrs=0.1, wds=0, send=0,
-                                       rescale_grad=1, clip_gradient=-1, momentum=0.9, lam=0,
-                                       adaptive=0, beta=0.9, eps=1e-7, learning_rate=0.1)
+        mx.nd.odsgd_multi_local_update(*a[1:], a[0].copy(), out=a[0], num_arrays=1, lrs=0.1,
+                                       wds=0, local=0, rescale_grad=1, clip_gradient=-1,
+                                       momentum=0.9, lam=0, adaptive=0, beta=0.9, eps=1e-7,
+                                       learning_rate=0.1)
     assert "unknown attribute 'learning_rate'" in _last_extension_error(caught.value)
 
 

@@ -116,18 +116,20 @@ def test_the_driver_compiles_and_reports_a_missing_device(tmp_path):
 
 def _suite_reference(case, before):
     """What tests/od_reference.py says the update call of `case` leaves in weight, aux (sgd's
-    momentum), var and est, array by array."""
-    from odsgd.native.gpu_check import CLIP, HYPER
+    momentum), var and est, array by array, with w_t from local (the weights are NaN: the
+    call only writes them), or W_t where lam is 0 and there is no local."""
+    from odsgd.native.gpu_check import CLIP, HYPER, lam_of
     out = {name: before[name].copy() for name in ("weight", "aux", "var", "est")}
+    old_weights = before["local"] if case["local"] else before["global"]
     common = dict(rescale_grad=HYPER["rescale_grad"], momentum=HYPER["momentum"],
-                  lam=HYPER["lam"], mode="adaptive" if case["adaptive"] else "constant",
+                  lam=lam_of(case), mode="adaptive" if case["adaptive"] else "constant",
                   beta=HYPER["beta"], eps=HYPER["eps"],
                   clip_gradient=CLIP if case["clip"] else None)
     offset = 0
     for k, size in enumerate(case["sizes"]):
         part = slice(offset, offset + size)
         offset += size
-        w, W, grad = before["weight"][part], before["global"][part], before["grad"][part]
+        w, W, grad = old_weights[part], before["global"][part], before["grad"][part]
         aux, var, est = out["aux"][part], out["var"][part], out["est"][part]
         rates = dict(lr=case["lrs"][k], wd=case["wds"][k], **common)
         estimate = dict(num_workers=1, own_scale=case["own_scales"][k],
@@ -149,12 +151,14 @@ def test_the_checks_reference_is_the_suites_reference(tmp_path):
     """check-gpu holds the GPU to its own vectorised NumPy reference (no GPU here to run the
     kernels): on every update case it writes, that reference gives what tests/od_reference.py
     gives array by array (rtol 1e-5 / atol 1e-6, as the check itself), the predicts' estimate
-    of the round's sum with and without the previous round included."""
+    of the round's sum with and without the previous round included, w_t from local_flat
+    (lam != 0) and without it (lam 0)."""
     from odsgd.native import gpu_check
     cases = [c for c in gpu_check.correctness_cases() if c["kind"] in gpu_check.UPDATE_KINDS]
     assert {(c["kind"], c["previous"]) for c in cases} == {
         ("sgd", False), ("predict", False), ("predict", True), ("nag_predict", False),
         ("nag_predict", True)}
+    assert {c["local"] for c in cases} == {False, True}
     for index, case in enumerate(cases):
         _, before = gpu_check._write_case(str(tmp_path), index, case)
         vectorised = gpu_check.reference(case, before)

@@ -496,3 +496,124 @@ def test_previous_estimate_survives_a_checkpoint(path):
                          2)
     third.set_states(dict(saved, optimizer_states=None), [fresh])
     assert third.rule.previous_rates(fresh, 3) == [None, None]
+
+
+# -- local_flat: the worker's own copy of w_t (lam != 0) -----------------------------------------
+
+def _local_group(rng, shapes, lam=2.0, mode="adaptive"):
+    """An 'sgd' updater with compensation and a key group of `shapes` with W_t set."""
+    from odsgd.key_groups import KeyGroup
+    params = {"learning_rate": 0.07, "momentum": 0.6, "wd": 2e-3}
+    updater, _ = make_updater(local_optimizer="sgd", local_optimizer_params=params,
+                              compensation=lam, compensation_mode=mode)
+    weights = [mx.nd.array(rng.uniform(-1, 1, s).astype(np.float32)) for s in shapes]
+    group = KeyGroup(3, list(range(len(shapes))), list(range(len(shapes))), weights)
+    return updater, group, weights
+
+
+def _local_sgd_reference(w, W, grads, m, v, lam=2.0, mode="adaptive"):
+    return [ref.local_sgd_step(w[k], W[k], grads[k], m[k], v[k], rescale_grad=0.25, lr=0.07,
+                               momentum=0.6, wd=2e-3, lam=lam, mode=mode)
+            for k in range(len(w))]
+
+
+def _group_step(updater, group, weights, step, rng, state):
+    """One update_group with new W_t and gradients; `state` (w, m, v as NumPy) follows the
+    reference."""
+    W = [rng.uniform(-1, 1, w.shape).astype(np.float32) for w in state["w"]]
+    grads = [rng.uniform(-2, 2, w.shape).astype(np.float32) for w in state["w"]]
+    for view, value in zip(group.views(group.current), W):
+        view[:] = value
+    updater.update_group(group, step, weights, [mx.nd.array(g) for g in grads],
+                         [(1.0, 1.0)] * len(weights))
+    state["w"] = _local_sgd_reference(state["w"], W, grads, state["m"], state["v"])
+    for k, weight in enumerate(weights):
+        np.testing.assert_allclose(weight.asnumpy(), state["w"][k], rtol=RTOL, atol=ATOL,
+                                   err_msg="array %d, step %d" % (k, step))
+
+
+def _counting(monkeypatch, module, name):
+    """Counts the calls of module.name (still calling it); returns the list of calls."""
+    calls, original = [], getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def _start_state(weights):
+    w = [a.asnumpy() for a in weights]
+    return {"w": w, "m": [np.zeros_like(a) for a in w], "v": [np.zeros_like(a) for a in w]}
+
+
+def test_local_weights_are_gathered_once_and_never_waited_for(monkeypatch):
+    """With lam != 0 the fused step reads w_t from group.local: gathered from the weights at
+    the group's first update, kept by the operator after that (equal to the weights bit for
+    bit), and the step never waits for the weights (no to_default_layout)."""
+    from odsgd.native import layout
+    assert native.load()
+    rng = np.random.RandomState(31)
+    updater, group, weights = _local_group(rng, [(3, 4), (70001,), (2, 2, 2)])
+    state = _start_state(weights)
+    gathers = _counting(monkeypatch, native, "gather_")
+    waits = _counting(monkeypatch, layout, "to_default_layout")
+    for step in range(4):
+        _group_step(updater, group, weights, step, rng, state)
+        np.testing.assert_array_equal(group.local.asnumpy(),
+                                      np.concatenate([a.asnumpy().ravel() for a in weights]))
+    assert len(gathers) == 1 and not waits
+
+
+def test_without_compensation_there_is_no_local_copy():
+    rng = np.random.RandomState(32)
+    updater, group, weights = _local_group(rng, [(5,)], lam=0.0, mode="constant")
+    updater.update_group(group, 0, weights, [mx.nd.ones((5,))], [(1.0, 1.0)])
+    assert group.local is None and "local" not in updater.rule.buffers
+
+
+def test_parameters_written_outside_the_step_are_read_after_forget(path):
+    """load_global_weights and load_checkpoint write the parameters and call
+    forget_local_weights: the next step reads w_t from the parameters again (both paths)."""
+    rng = np.random.RandomState(33)
+    updater, group, weights = _local_group(rng, [(3, 4), (1031,)])
+    state = _start_state(weights)
+    for step in range(2):
+        _group_step(updater, group, weights, step, rng, state)
+    outside = [rng.uniform(-1, 1, w.shape).astype(np.float32) for w in state["w"]]
+    for weight, value in zip(weights, outside):
+        weight[:] = value                   # as load_global_weights writes W
+    updater.forget_local_weights()
+    state["w"] = outside
+    for step in range(2, 4):
+        _group_step(updater, group, weights, step, rng, state)
+
+
+def test_a_group_the_updater_has_not_stepped_reads_the_parameters():
+    """A key group made anew (fusion, _make_whole, a checkpoint's set_states) reads w_t from
+    its parameters at its first step, whatever its local buffer holds."""
+    assert native.load()
+    rng = np.random.RandomState(34)
+    updater, group, weights = _local_group(rng, [(3, 4), (1031,)])
+    updater.prepare(group)
+    group.local[:] = np.nan                 # e.g. parts copied from groups that had none
+    _group_step(updater, group, weights, 5, rng, _start_state(weights))
+
+
+def test_a_fallback_step_in_between_refills_the_local_copy(monkeypatch):
+    """The NDArray fallback writes the weights only: a fused step after it gathers w_t from
+    the weights again."""
+    assert native.load()
+    rng = np.random.RandomState(35)
+    updater, group, weights = _local_group(rng, [(3, 4), (1031,)])
+    state = _start_state(weights)
+    _group_step(updater, group, weights, 0, rng, state)
+    with monkeypatch.context() as patched:
+        patched.setattr(native, "accepts", lambda arrays: False)
+        group.native_answers.clear()
+        _group_step(updater, group, weights, 1, rng, state)
+    group.native_answers.clear()
+    gathers = _counting(monkeypatch, native, "gather_")
+    _group_step(updater, group, weights, 2, rng, state)
+    assert len(gathers) == 1

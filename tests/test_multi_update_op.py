@@ -1,8 +1,13 @@
 """The multi-array operators (odsgd.native.multi_update_, gather_, scatter_) against the NumPy
 reference tests/od_reference.py, array by array, and their layout handling.
 
+The updates write the weights without reading them, for every lam: the old weights w_t,
+which the compensation term reads, come from local_flat, the caller's flat copy of them,
+which the same pass overwrites with w_{t+1}. The tests fill the weights with NaN before each
+call: one read of them would show in the results.
+
 Tolerance as in test_fused_op.py (its docstring gives the reasoning): rtol 1e-5, atol 1e-6;
-the send buffer is a copy and must be exact.
+local_flat is written with the very values the weights get and must equal them exactly.
 """
 import itertools
 import zlib
@@ -39,22 +44,13 @@ def _flat(arrays):
     return np.concatenate([a.ravel() for a in arrays]).astype(np.float32)
 
 
-def _split(flat, shapes):
-    out, offset = [], 0
-    for shape in shapes:
-        n = int(np.prod(shape))
-        out.append(flat[offset:offset + n].reshape(shape))
-        offset += n
-    return out
-
-
 def _last_extension_error(err):
     lines = [line for line in str(err).splitlines() if line.strip().startswith("[")]
     return lines[-1] if lines else str(err)
 
 
 OPTIONS = list(itertools.product(["sgd", "predict", "predict+previous"],
-                                 ["constant", "adaptive"], [False, True], [False, True]))
+                                 ["constant", "adaptive"], [False, True]))
 
 
 def _estimates(rng, P, previous):
@@ -68,16 +64,30 @@ def _estimates(rng, P, previous):
             [float(x) for x in rng.choice([0.0, 1e-3, 0.02], P)])
 
 
-@pytest.mark.parametrize("kind,mode,clip,with_send", OPTIONS)
+def _nan_weights(weights):
+    """Fills the weights with NaN: the updates must not read them (they are outputs only)."""
+    for weight in weights:
+        weight[:] = np.nan
+
+
+def _assert_local_is_weights(local_flat, weights, what):
+    """local_flat holds exactly the values the call wrote into the weights."""
+    np.testing.assert_array_equal(local_flat.asnumpy(), _flat([w.asnumpy() for w in weights]),
+                                  err_msg="local_flat differs from the weights, " + what)
+
+
+@pytest.mark.parametrize("kind,mode,clip", OPTIONS)
 @pytest.mark.parametrize("group", sorted(GROUPS))
-def test_multi_update_matches_reference(native, group, kind, mode, clip, with_send):  # noqa: F811
-    """Every array k with its own lr and wd (the predicts: and own estimate of the round's sum,
-    'predict+previous' with the previous round's sum), states carried over STEPS steps,
-    against the single-array reference formulas of SPEC.md section 2; the SGD predict with the
-    previous round also against the NDArray fallback of odsgd.local_update."""
+def test_multi_update_matches_reference(native, group, kind, mode, clip):  # noqa: F811
+    """lam != 0: every array k with its own lr and wd (the predicts: and own estimate of the
+    round's sum, 'predict+previous' with the previous round's sum), w_t read from local_flat
+    (made once with gather_, then kept by the operator) and the weights NaN before every
+    call, states carried over STEPS steps, against the single-array reference formulas of
+    SPEC.md section 2; the SGD predict with the previous round also against the NDArray
+    fallback of odsgd.local_update."""
     shapes = GROUPS[group]
     P = len(shapes)
-    rng = np.random.default_rng(_seed(group, kind, mode, clip, with_send))
+    rng = np.random.default_rng(_seed(group, kind, mode, clip))
     lrs = [float(x) for x in rng.uniform(0.01, 0.2, P)]
     wds = [float(x) for x in rng.choice([0.0, 0.01, 0.05], P)]
     kind, _, previous = kind.partition("+")
@@ -90,6 +100,7 @@ def test_multi_update_matches_reference(native, group, kind, mode, clip, with_se
     m = [np.zeros(s, np.float32) for s in shapes]
     v = [np.zeros(s, np.float32) for s in shapes]
     weights = [_nd(a) for a in w]
+    local_flat = native.gather_(weights, _nd(np.zeros(sum(a.size for a in w), np.float32)))
     fallback = [_nd(a) for a in w]
     fallback_est = [_nd(a) for a in m]
     fallback_var = [_nd(a) for a in v]
@@ -97,7 +108,6 @@ def test_multi_update_matches_reference(native, group, kind, mode, clip, with_se
     var_flat = _nd(_flat(v)) if mode == "adaptive" else None
     for t in range(STEPS):
         grads_np = [(2.0 * rng.standard_normal(s)).astype(np.float32) for s in shapes]
-        send = _nd(np.full(mom_flat.shape, -7.0, np.float32)) if with_send else None
         for k in range(P):
             if kind == "sgd":
                 w[k] = ref.local_sgd_step(w[k], W[k], grads_np[k], m[k], v[k], lr=lrs[k],
@@ -115,9 +125,10 @@ def test_multi_update_matches_reference(native, group, kind, mode, clip, with_se
             flats.update(est_flat=mom_flat, prev_scales=prev, prev_decays=decays)
             _predict_fallback(fallback, grads_np, W, W_prev, fallback_est, fallback_var, lrs,
                               wds, own, prev, decays, dict(common, adaptive=mode == "adaptive"))
+        _nan_weights(weights)
         returned = native.multi_update_(kind, weights, [_nd(g) for g in grads_np], global_flat,
-                                        var_flat=var_flat, send_flat=send, lrs=lrs, wds=wds,
-                                        adaptive=mode == "adaptive", **flats, **common)
+                                        var_flat=var_flat, local_flat=local_flat, lrs=lrs,
+                                        wds=wds, adaptive=mode == "adaptive", **flats, **common)
         assert returned is weights
         for k in range(P):
             np.testing.assert_allclose(weights[k].asnumpy(), w[k], rtol=RTOL, atol=ATOL,
@@ -127,14 +138,13 @@ def test_multi_update_matches_reference(native, group, kind, mode, clip, with_se
                                            err_msg="fallback weight %d, step %d" % (k, t))
                 np.testing.assert_allclose(fallback_est[k].asnumpy(), m[k], rtol=RTOL,
                                            atol=ATOL, err_msg="fallback est %d" % k)
+        _assert_local_is_weights(local_flat, weights, "step %d" % t)
         if kind == "sgd" or previous:
             np.testing.assert_allclose(mom_flat.asnumpy(), _flat(m), rtol=RTOL, atol=ATOL,
                                        err_msg="mom / est, step %d" % t)
         if mode == "adaptive":
             np.testing.assert_allclose(var_flat.asnumpy(), _flat(v), rtol=RTOL, atol=ATOL,
                                        err_msg="var, step %d" % t)
-        if with_send:
-            np.testing.assert_array_equal(send.asnumpy(), _flat(grads_np))
         W_prev, W = W, [(a + 0.1 * rng.standard_normal(a.shape)).astype(np.float32) for a in W]
 
 
@@ -149,8 +159,8 @@ def _predict_fallback(weights, grads_np, W, W_prev, est, var, lrs, wds, own, pre
 
 
 def test_multi_update_equals_single_array_calls(native):  # noqa: F811
-    """One multi-array call and P one-array calls (local_update_, P = 1) give the same
-    bits."""
+    """One multi-array call and P one-array calls (local_update_, P = 1, which makes its own
+    flat copy of the weight for w_t) give the same bits."""
     rng = np.random.default_rng(11)
     shapes = GROUPS["many"]
     w = [rng.standard_normal(s).astype(np.float32) for s in shapes]
@@ -162,7 +172,7 @@ def test_multi_update_equals_single_array_calls(native):  # noqa: F811
     multi = [_nd(a) for a in w]
     mom_flat = _nd(np.zeros(sum(a.size for a in w), np.float32))
     native.multi_update_("sgd", multi, [_nd(a) for a in g], _nd(_flat(W)), mom_flat=mom_flat,
-                         lrs=lrs, wds=[0.0] * len(w), **common)
+                         local_flat=_nd(_flat(w)), lrs=lrs, wds=[0.0] * len(w), **common)
     for k in range(len(shapes)):
         single, mom = _nd(w[k]), _nd(np.zeros(shapes[k], np.float32))
         native.local_update_(single, _nd(g[k]), _nd(W[k]), mom, None, lr=lrs[k], wd=0.0,
@@ -204,6 +214,8 @@ COMMON = dict(rescale_grad=1.0, clip_gradient=None, momentum=0.9, lam=0.0, adapt
     ("predict_without_prev", TypeError, "needs prev_global_flat"),
     ("sgd_with_prev", TypeError, "does not use prev_global_flat"),
     ("adaptive_without_var", TypeError, "var_flat is required"),
+    ("lam_without_local", TypeError, "lam=0.5 reads the old weights w_t, and the weights are "
+                                     "outputs only: pass local_flat"),
 ])
 def test_python_side_misuse_is_refused(native, case, error, message):  # noqa: F811
     weights, grads, global_flat, mom = _group()
@@ -221,6 +233,8 @@ def test_python_side_misuse_is_refused(native, case, error, message):  # noqa: F
         kind, kwargs["mom_flat"] = "predict", None
     elif case == "sgd_with_prev":
         kwargs["prev_global_flat"] = global_flat
+    elif case == "lam_without_local":
+        kwargs["lam"] = 0.5
     else:
         kwargs["adaptive"] = True
     with pytest.raises(error) as caught:
@@ -231,24 +245,26 @@ def test_python_side_misuse_is_refused(native, case, error, message):  # noqa: F
 @pytest.mark.parametrize("case,lam,message", [
     ("float16", 0.0, "only float32"),
     ("float16", 0.5, "only float32"),
-    # lam != 0: the weights are inputs, and the operator compares the shapes.
-    ("grad_shape", 0.5, "grads[1] has shape (5,) but weights[1] has shape (4,)"),
-    # lam = 0 (overwrite=1): the weights are outputs only; their sizes are the gradients', and
-    # MXNet holds the shapes the operator infers from the gradients to the output arrays.
+    # The weights are outputs only: their sizes are the gradients', and MXNet holds the shapes
+    # the operator infers from the gradients to the output arrays.
     ("grad_shape", 0.0, "'global_flat' has shape (12,) but must be 1-D of length 13 (the "
-                        "sum of the gradients' sizes (overwrite=1)"),
+                        "sum of the gradients' sizes"),
+    ("grad_shape", 0.5, "'global_flat' has shape (12,) but must be 1-D of length 13 (the "
+                        "sum of the gradients' sizes"),
     ("grad_reshaped", 0.0, "Shape inconsistent, Provided = [4], inferred shape=[2,2]"),
     ("flat_length", 0.0, "'global_flat' has shape (11,) but must be 1-D of length 12"),
     ("flat_length", 0.5, "'global_flat' has shape (11,) but must be 1-D of length 12"),
+    ("local_length", 0.5, "'local_flat' has shape (11,) but must be 1-D of length 12"),
     ("mom_is_global", 0.0, "shares memory with"),
-    ("weight_in_send", 0.0, "shares memory with"),
-    ("weight_in_send", 0.5, "shares memory with"),
+    ("local_is_global", 0.5, "shares memory with"),
+    ("weight_in_local", 0.0, "shares memory with"),
+    ("weight_in_local", 0.5, "shares memory with"),
     ("weight_twice", 0.0, "shares memory with"),
 ])
 def test_operator_misuse_gets_a_clear_error(native, case, lam, message):  # noqa: F811
     import mxnet as mx
     weights, grads, global_flat, mom = _group()
-    send = None
+    local = mx.nd.zeros((12,))
     if case == "float16":
         weights, grads, _, _ = _group(dtype="float16")
     elif case == "grad_shape":
@@ -259,13 +275,16 @@ def test_operator_misuse_gets_a_clear_error(native, case, lam, message):  # noqa
         weights[2] = weights[0]
     elif case == "flat_length":
         global_flat = mx.nd.zeros((11,))
+    elif case == "local_length":
+        local = mx.nd.zeros((11,))
     elif case == "mom_is_global":
         mom = global_flat
+    elif case == "local_is_global":
+        local = global_flat
     else:
-        send = mx.nd.zeros((12,))
-        weights[2] = send[4:8]
+        weights[2] = local[4:8]
     with pytest.raises(mx.base.MXNetError) as caught:
-        native.multi_update_("sgd", weights, grads, global_flat, mom_flat=mom, send_flat=send,
+        native.multi_update_("sgd", weights, grads, global_flat, mom_flat=mom, local_flat=local,
                              lrs=[0.1] * 3, wds=[0.0] * 3, **dict(COMMON, lam=lam))
         mx.nd.waitall()     # overlap is found when the operator runs
     assert message in _last_extension_error(caught.value)
@@ -304,133 +323,28 @@ def test_zero_size_arrays_are_handled(native):  # noqa: F811
         g = [rng.standard_normal(s).astype(np.float32) for s in shapes]
         weights = [mx.nd.array(a) for a in w]
         mom = mx.nd.array(np.zeros(7, np.float32))
-        send = mx.nd.array(np.zeros(7, np.float32))
+        local = mx.nd.array(_flat(w))
+        common = dict(COMMON, lam=0.3)
         native.multi_update_("sgd", weights, [mx.nd.array(a) for a in g], mx.nd.array(_flat(W)),
-                             mom_flat=mom, send_flat=send, lrs=[0.1] * 4, wds=[0.0] * 4,
-                             **COMMON)
+                             mom_flat=mom, local_flat=local, lrs=[0.1] * 4, wds=[0.0] * 4,
+                             **common)
         for k in (0, 3):
             m = np.zeros(shapes[k], np.float32)
             expected = ref.local_sgd_step(w[k], W[k], g[k], m, np.zeros_like(m), lr=0.1, wd=0.0,
-                                          **{a: b for a, b in COMMON.items()
+                                          **{a: b for a, b in common.items()
                                              if a != "adaptive"})
             np.testing.assert_allclose(weights[k].asnumpy(), expected, rtol=RTOL, atol=ATOL)
-        np.testing.assert_array_equal(send.asnumpy(), _flat(g))
+        _assert_local_is_weights(local, weights, "arrays of size 0 among others")
         assert weights[1].shape == (0,) and weights[2].shape == (2, 0)
 
 
 # ------------------------------------------------------------------------------------------
-# MKL-DNN layouts
+# The weights as outputs only, and MKL-DNN layouts
 
-def _conv_net(seed):
-    import mxnet as mx
-    mx.random.seed(seed)
-    net = mx.gluon.nn.HybridSequential()
-    net.add(mx.gluon.nn.Conv2D(8, 3, in_channels=3), mx.gluon.nn.Activation("relu"),
-            mx.gluon.nn.Conv2D(8, 3, in_channels=8), mx.gluon.nn.Flatten(),
-            mx.gluon.nn.Dense(4, in_units=8 * 4 * 4))
-    net.initialize(mx.init.Xavier())
-    return net
-
-
-def _conv_net_after_inference(seed, wait=True):
-    """A conv net whose conv weights MXNet's CPU build holds in an MKL-DNN layout after an
-    inference-mode forward (the training network evaluated between epochs); with
-    wait=False the forward (and the reorders it queues when it runs) may still be queued."""
-    import mxnet as mx
-    net = _conv_net(seed)
-    out = net(mx.nd.ones((2, 3, 8, 8)))
-    if wait:
-        out.asnumpy()
-        mx.nd.waitall()
-    return [p.data() for p in net.collect_params().values()]
-
-
-def _mkldnn_build():
-    import mxnet as mx
-    return mx.runtime.Features().is_enabled("MKLDNN")
-
-
-@pytest.mark.skipif(not _mkldnn_build(), reason="needs MXNet's CPU build with MKL-DNN")
-def test_weights_in_mkldnn_layout_go_through_the_ops(native):  # noqa: F811
-    """Two identical nets after an inference forward. Net A proves the layout: the raw
-    operator, called without the wrappers' reorder, fails on its conv weight with MXNet's
-    MKL-DNN message. Net B's arrays go through multi_update_ (and scatter_) and must equal
-    the NDArray fallback of odsgd.local_update on copies of the same values."""
-    import mxnet as mx
-    from odsgd.local_update import ndarray_local_update_
-
-    probe = _conv_net_after_inference(seed=4)[0]
-    mom = mx.nd.zeros((probe.size,))
-    with pytest.raises(mx.base.MXNetError, match="MKLDNN"):
-        mx.nd.odsgd_multi_local_update(probe, mx.nd.zeros(probe.shape), mx.nd.zeros(mom.shape),
-                                       mom, mom, out=probe, num_arrays=1, lrs=0.1, wds=0,
-                                       send=0, rescale_grad=1, clip_gradient=-1, momentum=0.9,
-                                       lam=0, adaptive=0, beta=0.9, eps=1e-7)
-        mx.nd.waitall()
-
-    weights = _conv_net_after_inference(seed=4)
-    values = [w.asnumpy() for w in weights]     # asnumpy reads any layout
-    rng = np.random.default_rng(6)
-    grads = [rng.standard_normal(v.shape).astype(np.float32) for v in values]
-    globals_ = [(v + 0.1 * rng.standard_normal(v.shape)).astype(np.float32) for v in values]
-    args = dict(rescale_grad=0.5, clip_gradient=None, momentum=0.9, lam=0.3, adaptive=False,
-                beta=0.9, eps=1e-7)
-    lrs = [0.05 + 0.01 * k for k in range(len(weights))]
-    mom_flat = mx.nd.zeros((sum(v.size for v in values),))
-    native.multi_update_("sgd", weights, [_nd(g) for g in grads], _nd(_flat(globals_)),
-                         mom_flat=mom_flat, lrs=lrs, wds=[0.01] * len(weights), **args)
-    mx.nd.waitall()
-    for k, weight in enumerate(weights):
-        expected, mom = _nd(values[k]), mx.nd.zeros(values[k].shape)
-        ndarray_local_update_(expected, _nd(grads[k]), _nd(globals_[k]), mom, None, lr=lrs[k],
-                              wd=0.01, **args)
-        np.testing.assert_allclose(weight.asnumpy(), expected.asnumpy(), rtol=RTOL, atol=ATOL,
-                                   err_msg="array %d" % k)
-
-    # scatter_ writes arrays too: a fresh net's MKL-DNN-layout weights receive the values.
-    targets = _conv_net_after_inference(seed=5)
-    native.scatter_(_nd(_flat(values)), targets)
-    for target, value in zip(targets, values):
-        np.testing.assert_array_equal(target.asnumpy(), value)
-
-
-def _failing_call(native, weights, grads, global_flat, send, lam):
-    """A call that the engine refuses when it runs it: mom_flat overlaps send_flat."""
-    native.multi_update_("sgd", weights, grads, global_flat, mom_flat=send, send_flat=send,
-                         lrs=[0.1] * 3, wds=[0.0] * 3, **dict(COMMON, lam=lam))
-
-
-@pytest.mark.parametrize("lam", [0.0, 0.5])
-def test_a_failure_inside_the_operator_surfaces_at_the_next_call(native, lam):  # noqa: F811
-    """An error found when the engine runs the operator lands on its outputs, and MXNet 1.9
-    raises it once, at the first wait on any of them. With lam != 0 the next call on the
-    same weights waits for them (odsgd.native.layout) and so raises it in the caller's
-    thread, before it pushes anything. With lam = 0 the next call waits for nothing
-    (overwrite=1): the engine passes the error on to that call's outputs, and reading its
-    weights raises it. A read of send_flat raises it as well (it is an output, so a push of
-    it cannot go out with stale data)."""
-    import mxnet as mx
-    weights, grads, global_flat, _ = _group()
-    _failing_call(native, weights, grads, global_flat, mx.nd.zeros((12,)), lam)
-    with pytest.raises(mx.base.MXNetError) as caught:
-        native.multi_update_("sgd", weights, grads, global_flat, mom_flat=mx.nd.zeros((12,)),
-                             lrs=[0.1] * 3, wds=[0.0] * 3, **dict(COMMON, lam=lam))
-        assert lam == 0, "the call with lam != 0 did not raise"
-        weights[1].asnumpy()
-    assert "shares memory with" in _last_extension_error(caught.value)
-
-    weights, grads, global_flat, _ = _group()
-    send = mx.nd.zeros((12,))
-    _failing_call(native, weights, grads, global_flat, send, lam)
-    with pytest.raises(mx.base.MXNetError) as caught:
-        send.asnumpy()
-    assert "shares memory with" in _last_extension_error(caught.value)
-
-
-# ------------------------------------------------------------------------------------------
-# lam = 0: the weights are outputs only (the operators' overwrite=1)
-
-OVERWRITE_KINDS = ["sgd", "predict", "predict+previous", "nag_predict", "nag_predict+previous"]
+UPDATE_KINDS = ["sgd", "predict", "predict+previous", "nag_predict", "nag_predict+previous"]
+# setting -> (lam, compensation mode, whether the call gets local_flat)
+SETTINGS = {"lam=0": (0.0, "constant", False), "lam=0.5": (0.5, "constant", True),
+            "lam=0.5 adaptive": (0.5, "adaptive", True)}
 
 
 def _no_layout_wait(monkeypatch):
@@ -444,10 +358,11 @@ def _no_layout_wait(monkeypatch):
 
 
 def _reference_steps(kind, previous, w, W, W_prev, grads, state, lrs, wds, own, prev, decays,
-                     common):
-    """One step of every array by tests/od_reference.py, constant mode; `state` is m ('sgd')
-    or est (the predicts), updated in place; returns the new w."""
-    v = [np.zeros_like(a) for a in w]      # never read in constant mode
+                     common, v=None):
+    """One step of every array by tests/od_reference.py; `state` is m ('sgd') or est (the
+    predicts), `v` (zeros when None: constant mode never reads it) the adaptive mode's v,
+    both updated in place; returns the new w."""
+    v = [np.zeros_like(a) for a in w] if v is None else v
     out = []
     for k in range(len(w)):
         if kind == "sgd":
@@ -479,21 +394,20 @@ def _state_arguments(kind, previous, state_flat, W_prev, own, prev, decays):
     return flats
 
 
-@pytest.mark.parametrize("kind", OVERWRITE_KINDS)
-@pytest.mark.parametrize("clip,with_send", [(False, False), (True, True)])
+@pytest.mark.parametrize("kind", UPDATE_KINDS)
+@pytest.mark.parametrize("clip", [False, True])
 @pytest.mark.parametrize("group", sorted(GROUPS))
-def test_overwrite_matches_reference(native, monkeypatch, group, kind, clip,  # noqa: F811
-                                     with_send):
-    """lam = 0, not adaptive (the default): multi_update_ passes the weights as outputs only
-    and does not wait for them, and the kernels never read them. Before every call the
-    operator's weights are set to NaN (one read would make results NaN: the reference's
-    compensation term is 0 * (W - w)); the reference steps finite w. States carried over
-    STEPS steps, every array with its own lr, wd and estimate."""
+def test_lam0_without_local_flat_matches_reference(native, monkeypatch, group, kind,  # noqa: F811
+                                                   clip):
+    """lam = 0, not adaptive (the default), no local_flat: multi_update_ does not wait for the
+    weights, and the kernels take W_t where they would read w_t (the compensation term is
+    0 * (W - w)). The weights are NaN before every call; the reference steps finite w. States
+    carried over STEPS steps, every array with its own lr, wd and estimate."""
     import mxnet as mx
     _no_layout_wait(monkeypatch)
     shapes = GROUPS[group]
     P = len(shapes)
-    rng = np.random.default_rng(_seed("overwrite", group, kind, clip, with_send))
+    rng = np.random.default_rng(_seed("overwrite", group, kind, clip))
     kind, _, previous = kind.partition("+")
     lrs = [float(x) for x in rng.uniform(0.01, 0.2, P)]
     wds = [float(x) for x in rng.choice([0.0, 0.01, 0.05], P)]
@@ -504,21 +418,17 @@ def test_overwrite_matches_reference(native, monkeypatch, group, kind, clip,  # 
     W_prev = [(a + 0.1 * rng.standard_normal(a.shape)).astype(np.float32) for a in W]
     w = [(a + 0.3 * rng.standard_normal(a.shape)).astype(np.float32) for a in W]
     state = [np.zeros(s, np.float32) for s in shapes]
-    total = sum(a.size for a in w)
-    state_flat = _nd(np.zeros(total, np.float32))
+    state_flat = _nd(np.zeros(sum(a.size for a in w), np.float32))
     weights = [mx.nd.zeros(s) for s in shapes]
     for t in range(STEPS):
         grads_np = [(2.0 * rng.standard_normal(s)).astype(np.float32) for s in shapes]
-        send = _nd(np.full((total,), -7.0, np.float32)) if with_send else None
         w = _reference_steps(kind, previous, w, W, W_prev, grads_np, state, lrs, wds, own, prev,
                              decays, common)
-        for weight in weights:
-            weight[:] = np.nan
+        _nan_weights(weights)
         returned = native.multi_update_(kind, weights, [_nd(g) for g in grads_np],
-                                        _nd(_flat(W)), send_flat=send, lrs=lrs, wds=wds,
-                                        adaptive=False, **_state_arguments(
-                                            kind, previous, state_flat, W_prev, own, prev,
-                                            decays), **common)
+                                        _nd(_flat(W)), lrs=lrs, wds=wds, adaptive=False,
+                                        **_state_arguments(kind, previous, state_flat, W_prev,
+                                                           own, prev, decays), **common)
         assert returned is weights
         for k in range(P):
             np.testing.assert_allclose(weights[k].asnumpy(), w[k], rtol=RTOL, atol=ATOL,
@@ -526,36 +436,33 @@ def test_overwrite_matches_reference(native, monkeypatch, group, kind, clip,  # 
         if kind != "predict" or previous:
             np.testing.assert_allclose(state_flat.asnumpy(), _flat(state), rtol=RTOL,
                                        atol=ATOL, err_msg="mom / est, step %d" % t)
-        if with_send:
-            np.testing.assert_array_equal(send.asnumpy(), _flat(grads_np))
         W_prev, W = W, [(a + 0.1 * rng.standard_normal(a.shape)).astype(np.float32) for a in W]
 
 
-def _raw_update(kind, weights, grads, flats, outputs_only, **attrs):
-    """The operator of `kind` called directly (mx.nd.<op>), lam = 0 unless `attrs` say
-    otherwise: the weights are inputs too unless `outputs_only` (then overwrite=1)."""
+def _raw_update(kind, weights, grads, flats, **attrs):
+    """The operator of `kind` called directly (mx.nd.<op>), lam = 0 and local=0 unless `attrs`
+    say otherwise; `flats`: global, mom or prev_global, var, local (and est for the
+    predicts)."""
     import mxnet as mx
     op = getattr(mx.nd, {"sgd": "odsgd_multi_local_update",
                          "predict": "odsgd_multi_predict_update",
                          "nag_predict": "odsgd_multi_nag_predict_update"}[kind])
-    values = dict(num_arrays=len(weights), lrs="0.05", wds="0.01", send=0, rescale_grad=0.5,
+    values = dict(num_arrays=len(weights), lrs="0.05", wds="0.01", rescale_grad=0.5,
                   clip_gradient=-1, momentum=0.9, lam=0, adaptive=0, beta=0.9, eps=1e-7,
-                  overwrite=int(outputs_only))
+                  local=0)
     if kind != "sgd":
         values.update(own_scales="3.0", previous=0)
     if kind == "nag_predict":
         values["prev_decays"] = "0.001"
     values.update(attrs)
-    inputs = list(grads) + list(flats)
-    if not outputs_only:
-        inputs = list(weights) + inputs
-    op(*inputs, out=list(weights), **values)
+    op(*(list(grads) + list(flats)), out=list(weights), **values)
 
 
 @pytest.mark.parametrize("kind", ["sgd", "predict", "nag_predict"])
-def test_overwrite_gives_the_bits_of_the_update_in_place(native, kind):  # noqa: F811
-    """With lam = 0, overwrite=1 (weights outputs only, W_t read where w_t would be) and
-    overwrite=0 (weights read and written in place) give the same bits, states included."""
+def test_lam0_gives_the_same_bits_with_and_without_local_flat(native, kind):  # noqa: F811
+    """With lam = 0, local=1 (w_t read from local_flat) and local=0 (W_t read in its place)
+    give the same bits, states included (WeightAt's claim), and local=1 leaves w_{t+1} in
+    local_flat."""
     import mxnet as mx
     rng = np.random.default_rng(_seed("bits", kind))
     shapes = [(3, 5), (70001,)]
@@ -564,104 +471,189 @@ def test_overwrite_gives_the_bits_of_the_update_in_place(native, kind):  # noqa:
     total = sum(a.size for a in w)
     W, W_prev, state = (rng.standard_normal(total).astype(np.float32) for _ in range(3))
     results = []
-    for overwrite in (False, True):
-        weights = [_nd(a) for a in w]
+    for local in (False, True):
+        weights = [mx.nd.zeros(s) for s in shapes]
         states = [_nd(state)]
         placeholder = mx.nd.zeros((1,))
-        flats = [_nd(W)] + ([states[0], placeholder] if kind == "sgd" else
-                            [_nd(W_prev), placeholder, states[0]])
-        _raw_update(kind, weights, [_nd(a) for a in g], flats, overwrite, lrs="0.05,0.1")
+        local_flat = _nd(_flat(w)) if local else placeholder
+        flats = [_nd(W)] + ([states[0], placeholder, local_flat] if kind == "sgd" else
+                            [_nd(W_prev), placeholder, local_flat, states[0]])
+        _raw_update(kind, weights, [_nd(a) for a in g], flats, lrs="0.05,0.1", local=int(local))
         results.append([a.asnumpy() for a in weights + states])
+        if local:
+            _assert_local_is_weights(local_flat, weights, "lam = 0")
     for before, after in zip(*results):
         np.testing.assert_array_equal(after, before)
 
 
 @pytest.mark.parametrize("attrs,message", [
-    (dict(lam=0.5), "overwrite=1 needs lam=0 and adaptive=0"),
-    (dict(adaptive=1), "overwrite=1 needs lam=0 and adaptive=0"),
-    (dict(overwrite=2), "attribute 'overwrite' must be 0 or 1, got '2'"),
+    (dict(lam=0.5), "lam=0.5 reads the old weights w_t, which the weights (outputs only) do "
+                    "not give: pass local_flat"),
+    (dict(local=2), "attribute 'local' must be 0 or 1, got '2'"),
+    (dict(send=0), "unknown attribute 'send'"),
 ])
-def test_overwrite_misuse_gets_a_clear_error(native, attrs, message):  # noqa: F811
+def test_raw_operator_misuse_gets_a_clear_error(native, attrs, message):  # noqa: F811
     import mxnet as mx
     weights, grads, global_flat, mom = _group(P=2)
     with pytest.raises(mx.base.MXNetError) as caught:
-        _raw_update("sgd", weights, grads, [global_flat, mom, mx.nd.zeros((8,))], True, **attrs)
+        _raw_update("sgd", weights, grads, [global_flat, mom, mx.nd.zeros((1,)),
+                                            mx.nd.zeros((8,))], **attrs)
         mx.nd.waitall()
     assert message in _last_extension_error(caught.value)
 
 
+def _failing_call(native, weights, grads, global_flat, shared, lam):
+    """A call that the engine refuses when it runs it: mom_flat overlaps local_flat."""
+    native.multi_update_("sgd", weights, grads, global_flat, mom_flat=shared, local_flat=shared,
+                         lrs=[0.1] * 3, wds=[0.0] * 3, **dict(COMMON, lam=lam))
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.5])
+def test_a_failure_inside_the_operator_surfaces_at_the_next_wait(native, lam):  # noqa: F811
+    """An error found when the engine runs the operator lands on its outputs, and MXNet 1.9
+    raises it once, at the first wait on any of them. The next call on the same weights
+    waits for nothing, for every lam (the weights are outputs only): the engine passes the
+    error on to that call's outputs, and reading its weights raises it."""
+    import mxnet as mx
+    weights, grads, global_flat, _ = _group()
+    _failing_call(native, weights, grads, global_flat, mx.nd.zeros((12,)), lam)
+    native.multi_update_("sgd", weights, grads, global_flat, mom_flat=mx.nd.zeros((12,)),
+                         local_flat=mx.nd.zeros((12,)), lrs=[0.1] * 3, wds=[0.0] * 3,
+                         **dict(COMMON, lam=lam))
+    with pytest.raises(mx.base.MXNetError) as caught:
+        weights[1].asnumpy()
+    assert "shares memory with" in _last_extension_error(caught.value)
+
+
+def _conv_net(seed):
+    import mxnet as mx
+    mx.random.seed(seed)
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Conv2D(8, 3, in_channels=3), mx.gluon.nn.Activation("relu"),
+            mx.gluon.nn.Conv2D(8, 3, in_channels=8), mx.gluon.nn.Flatten(),
+            mx.gluon.nn.Dense(4, in_units=8 * 4 * 4))
+    net.initialize(mx.init.Xavier())
+    return net
+
+
+def _conv_net_weights(seed):
+    """The values a net of _conv_net(seed) starts with (read from a net of its own, so that
+    nothing waits for the nets under test)."""
+    return [p.data().asnumpy() for p in _conv_net(seed).collect_params().values()]
+
+
+def _conv_net_after_inference(seed, wait=True):
+    """A conv net whose conv weights MXNet's CPU build holds in an MKL-DNN layout after an
+    inference-mode forward (the training network evaluated between epochs); with
+    wait=False the forward (and the reorders it queues when it runs) may still be queued."""
+    import mxnet as mx
+    net = _conv_net(seed)
+    out = net(mx.nd.ones((2, 3, 8, 8)))
+    if wait:
+        out.asnumpy()
+        mx.nd.waitall()
+    return [p.data() for p in net.collect_params().values()]
+
+
+def _mkldnn_build():
+    import mxnet as mx
+    return mx.runtime.Features().is_enabled("MKLDNN")
+
+
 @pytest.mark.skipif(not _mkldnn_build(), reason="needs MXNet's CPU build with MKL-DNN")
+def test_weights_after_inference_are_in_an_mkldnn_layout(native):  # noqa: F811
+    """Proves the layout the tests below meet: after an inference forward, the raw scatter
+    operator (its arrays are inputs and outputs, without the wrapper's reorder) fails on a
+    conv weight with MXNet's MKL-DNN message; scatter_, which reorders them first, writes
+    them."""
+    import mxnet as mx
+    probe = _conv_net_after_inference(seed=4)[0]
+    with pytest.raises(mx.base.MXNetError, match="MKLDNN"):
+        mx.nd.odsgd_scatter(mx.nd.zeros((probe.size,)), probe, out=probe, num_arrays=1)
+        mx.nd.waitall()
+    values = _conv_net_weights(seed=4)
+    targets = _conv_net_after_inference(seed=5)
+    native.scatter_(_nd(_flat(values)), targets)
+    for target, value in zip(targets, values):
+        np.testing.assert_array_equal(target.asnumpy(), value)
+
+
+@pytest.mark.skipif(not _mkldnn_build(), reason="needs MXNet's CPU build with MKL-DNN")
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
 @pytest.mark.parametrize("finished", [True, False])
-def test_overwrite_of_weights_in_mkldnn_layouts(native, monkeypatch, finished):  # noqa: F811
-    """lam = 0: weights after an inference forward of a conv net go through multi_update_
-    (every kind) with no layout wait, and equal the reference. finished=True: the forward
-    has run, so the conv weights are in an MKL-DNN layout when the operator runs (the raw
-    operator with the weights as inputs too fails on them; with overwrite=1 it does not);
-    finished=False: the forward, and the reorders it queues when it runs, may still be
-    queued."""
+def test_weights_in_mkldnn_layouts_need_no_wait(native, monkeypatch, finished,  # noqa: F811
+                                                setting):
+    """Weights after an inference forward of a conv net go through multi_update_ (every kind)
+    with no layout wait and equal the reference. With lam != 0 local_flat is first made from
+    them with gather_ (as the store fills it), which reads an MKL-DNN layout through a copy
+    inside the engine, without a wait either. finished=True: the forward has run, so the conv
+    weights are in an MKL-DNN layout when the operators run; finished=False: the forward,
+    and the reorders it queues when it runs, may still be queued."""
     import mxnet as mx
     _no_layout_wait(monkeypatch)
-    if finished:
-        probe = _conv_net_after_inference(seed=4)[0]
-        args = (mx.nd.zeros(probe.shape), mx.nd.ones((probe.size,)), mx.nd.zeros((probe.size,)),
-                mx.nd.zeros((1,)))
-        with pytest.raises(mx.base.MXNetError, match="MKLDNN"):
-            _raw_update("sgd", [probe], args[:1], args[1:], False, lrs=0.1)
-            mx.nd.waitall()
-        probe = _conv_net_after_inference(seed=4)[0]
-        _raw_update("sgd", [probe], args[:1], args[1:], True, lrs=0.1, wds=0)
-        np.testing.assert_array_equal(probe.asnumpy(), np.ones(probe.shape, np.float32))
-
-    rng = np.random.default_rng(_seed("mkldnn-overwrite", finished))
-    common = dict(rescale_grad=0.5, clip_gradient=None, momentum=0.9, lam=0.0, beta=0.9,
+    lam, mode, with_local = SETTINGS[setting]
+    rng = np.random.default_rng(_seed("mkldnn", finished, setting))
+    common = dict(rescale_grad=0.5, clip_gradient=None, momentum=0.9, lam=lam, beta=0.9,
                   eps=1e-7)
-    for kind in OVERWRITE_KINDS:
+    values = _conv_net_weights(seed=4)
+    for kind in UPDATE_KINDS:
         weights = _conv_net_after_inference(seed=4, wait=finished)
-        shapes = [a.shape for a in weights]
-        P = len(shapes)
+        shapes = [v.shape for v in values]
+        P, total = len(shapes), sum(v.size for v in values)
+        local = native.gather_(weights, mx.nd.zeros((total,))) if with_local else None
         kind, _, previous = kind.partition("+")
-        lrs = [0.05 + 0.01 * k for k in range(P)]
-        wds = [0.01] * P
+        lrs, wds = [0.05 + 0.01 * k for k in range(P)], [0.01] * P
         own, prev, decays = _estimates(rng, P, True)
-        W = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        W = [(v + 0.1 * rng.standard_normal(v.shape)).astype(np.float32) for v in values]
         W_prev = [(a + 0.1 * rng.standard_normal(a.shape)).astype(np.float32) for a in W]
         grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
         state = [(0.1 * rng.standard_normal(s)).astype(np.float32) for s in shapes]
         state_flat = _nd(_flat(state))
-        expected = _reference_steps(kind, previous, [a.copy() for a in W], W, W_prev, grads,
-                                    state, lrs, wds, own, prev, decays, common)
+        v = [np.zeros(s, np.float32) for s in shapes]
+        var_flat = _nd(_flat(v)) if mode == "adaptive" else None
+        expected = _reference_steps(kind, previous, values, W, W_prev, grads, state, lrs, wds,
+                                    own, prev, decays, dict(common, mode=mode), v)
         native.multi_update_(kind, weights, [_nd(g) for g in grads], _nd(_flat(W)), lrs=lrs,
-                             wds=wds, adaptive=False, **_state_arguments(
+                             wds=wds, var_flat=var_flat, local_flat=local,
+                             adaptive=mode == "adaptive", **_state_arguments(
                                  kind, previous, state_flat, W_prev, own, prev, decays),
                              **common)
         for k in range(P):
             np.testing.assert_allclose(weights[k].asnumpy(), expected[k], rtol=RTOL,
                                        atol=ATOL, err_msg="%s array %d" % (kind, k))
+        if local is not None:
+            _assert_local_is_weights(local, weights, kind)
 
 
 @pytest.mark.skipif(not _mkldnn_build(), reason="needs MXNet's CPU build with MKL-DNN")
-def test_overwrite_between_inference_and_training_forwards(native, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("setting", ["lam=0", "lam=0.5 adaptive"])
+def test_updates_between_inference_and_training_forwards(native, monkeypatch,  # noqa: F811
+                                                         setting):
     """Training with evaluation in between and no wait anywhere: each round an inference
     forward (which reorders the conv weights into MKL-DNN layouts when it runs), a local
-    update (lam = 0) of every weight, a training forward and backward (which reorders them
-    back), another update. After eight updates the weights equal the reference: the
-    updates depend on W, the gradients and the momentum only."""
+    update of every weight, a training forward and backward (which reorders them back),
+    another update. local_flat (lam != 0) is gathered from the weights once, before the
+    first update, and kept by the operator. After eight updates the weights equal the
+    reference."""
     import mxnet as mx
     _no_layout_wait(monkeypatch)
+    lam, mode, with_local = SETTINGS[setting]
     net = _conv_net(seed=7)
     weights = [p.data() for p in net.collect_params().values()]
-    shapes = [a.shape for a in weights]
-    P = len(shapes)
+    w = _conv_net_weights(seed=7)
+    shapes = [a.shape for a in w]
+    P, total = len(shapes), sum(a.size for a in w)
     rng = np.random.default_rng(8)
-    common = dict(rescale_grad=0.5, clip_gradient=None, momentum=0.9, lam=0.0, beta=0.9,
+    common = dict(rescale_grad=0.5, clip_gradient=None, momentum=0.9, lam=lam, beta=0.9,
                   eps=1e-7)
     lrs, wds = [0.05] * P, [0.01] * P
-    mom = [np.zeros(s, np.float32) for s in shapes]
-    mom_flat = mx.nd.zeros((sum(int(np.prod(s)) for s in shapes),))
+    mom, v = [np.zeros(s, np.float32) for s in shapes], [np.zeros(s, np.float32) for s in shapes]
+    mom_flat = mx.nd.zeros((total,))
+    var_flat = mx.nd.zeros((total,)) if mode == "adaptive" else None
+    local = native.gather_(weights, mx.nd.zeros((total,))) if with_local else None
     data = mx.nd.array(rng.standard_normal((2, 3, 8, 8)))
-    expected = None
     for t in range(8):
-        W = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        W = [(a + 0.1 * rng.standard_normal(a.shape)).astype(np.float32) for a in w]
         grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
         if t % 2 == 0:
             net(data)                                   # inference forward
@@ -670,13 +662,16 @@ def test_overwrite_between_inference_and_training_forwards(native, monkeypatch):
                 loss = net(data).sum()
             loss.backward()                             # training forward and backward
         native.multi_update_("sgd", weights, [_nd(g) for g in grads], _nd(_flat(W)),
-                             mom_flat=mom_flat, lrs=lrs, wds=wds, adaptive=False, **common)
-        expected = _reference_steps("sgd", False, W, W, W, grads, mom, lrs, wds, None, None,
-                                    None, common)
+                             mom_flat=mom_flat, var_flat=var_flat, local_flat=local, lrs=lrs,
+                             wds=wds, adaptive=mode == "adaptive", **common)
+        w = _reference_steps("sgd", False, w, W, W, grads, mom, lrs, wds, None, None, None,
+                             dict(common, mode=mode), v)
     for k in range(P):
-        np.testing.assert_allclose(weights[k].asnumpy(), expected[k], rtol=RTOL, atol=ATOL,
+        np.testing.assert_allclose(weights[k].asnumpy(), w[k], rtol=RTOL, atol=ATOL,
                                    err_msg="array %d" % k)
     np.testing.assert_allclose(mom_flat.asnumpy(), _flat(mom), rtol=RTOL, atol=ATOL)
+    if local is not None:
+        _assert_local_is_weights(local, weights, "after eight updates")
 
 
 # ------------------------------------------------------------------------------------------
@@ -764,23 +759,21 @@ def test_nag_predict_is_nag_applied_to_n_times_the_gradient():
     np.testing.assert_allclose(predicted, expected, rtol=RTOL, atol=ATOL)
 
 
-NAG_OPTIONS = list(itertools.product(["constant", "adaptive"], [False, True], [False, True],
-                                     [False, True]))
+NAG_OPTIONS = list(itertools.product(["constant", "adaptive"], [False, True], [False, True]))
 
 
-@pytest.mark.parametrize("mode,clip,with_send,previous", NAG_OPTIONS)
+@pytest.mark.parametrize("mode,clip,previous", NAG_OPTIONS)
 @pytest.mark.parametrize("group", sorted(GROUPS))
-def test_multi_nag_predict_matches_reference(native, group, mode, clip, with_send,  # noqa: F811
-                                             previous):
-    """Kind 'nag_predict': every array k with its own lr, wd and estimate of the round's sum
-    (with and without the previous round's), the estimate and v carried over STEPS steps,
-    against the NumPy reference; and the NDArray fallback of odsgd.local_update on the same
-    inputs."""
+def test_multi_nag_predict_matches_reference(native, group, mode, clip, previous):  # noqa: F811
+    """Kind 'nag_predict', lam != 0: every array k with its own lr, wd and estimate of the
+    round's sum (with and without the previous round's), w_t from local_flat and the weights
+    NaN before every call, the estimate and v carried over STEPS steps, against the NumPy
+    reference; and the NDArray fallback of odsgd.local_update on the same inputs."""
     import mxnet as mx
     from odsgd.local_update import ndarray_nag_predict_update_
     shapes = GROUPS[group]
     P = len(shapes)
-    rng = np.random.default_rng(_seed("nag", group, mode, clip, with_send, previous))
+    rng = np.random.default_rng(_seed("nag", group, mode, clip, previous))
     lrs = [float(x) for x in rng.uniform(0.01, 0.2, P)]
     wds = [float(x) for x in rng.choice([0.0, 0.01, 0.05], P)]
     own, prev, decays = _estimates(rng, P, True)
@@ -795,21 +788,23 @@ def test_multi_nag_predict_matches_reference(native, group, mode, clip, with_sen
     weights = [_nd(a) for a in w]
     fallback = [_nd(a) for a in w]
     total = sum(a.size for a in w)
+    local_flat = _nd(_flat(w))
     est_flat = _nd(np.zeros(total, np.float32))
     est_fallback = [mx.nd.zeros(s) for s in shapes]
     var_flat = _nd(_flat(v)) if mode == "adaptive" else None
     var_fallback = [mx.nd.zeros(s) for s in shapes]
     for t in range(STEPS):
         grads_np = [(2.0 * rng.standard_normal(s)).astype(np.float32) for s in shapes]
-        send = _nd(np.full((total,), -7.0, np.float32)) if with_send else None
         for k in range(P):
             w[k] = ref.nag_predict_step(w[k], W[k], W_prev[k], grads_np[k], est[k], v[k],
                                         lr=lrs[k], wd=wds[k], prev_decay=decays[k],
                                         num_workers=3, mode=mode, own_scale=own[k],
                                         prev_scale=prev[k], **common)
+        _nan_weights(weights)
         returned = native.multi_update_("nag_predict", weights, [_nd(g) for g in grads_np],
                                         _nd(_flat(W)), prev_global_flat=_nd(_flat(W_prev)),
-                                        est_flat=est_flat, var_flat=var_flat, send_flat=send,
+                                        est_flat=est_flat, var_flat=var_flat,
+                                        local_flat=local_flat,
                                         lrs=lrs, wds=wds, prev_decays=decays, own_scales=own,
                                         prev_scales=prev if previous else None,
                                         adaptive=mode == "adaptive",
@@ -830,11 +825,10 @@ def test_multi_nag_predict_matches_reference(native, group, mode, clip, with_sen
                                    err_msg="estimate, step %d" % t)
         np.testing.assert_allclose(_flat([e.asnumpy() for e in est_fallback]), _flat(est),
                                    rtol=RTOL, atol=ATOL, err_msg="fallback estimate")
+        _assert_local_is_weights(local_flat, weights, "step %d" % t)
         if mode == "adaptive":
             np.testing.assert_allclose(var_flat.asnumpy(), _flat(v), rtol=RTOL, atol=ATOL,
                                        err_msg="var, step %d" % t)
-        if with_send:
-            np.testing.assert_array_equal(send.asnumpy(), _flat(grads_np))
         W_prev, W = W, [(a + 0.1 * rng.standard_normal(a.shape)).astype(np.float32) for a in W]
 
 
@@ -1003,7 +997,7 @@ def test_estimate_operator_misuse_gets_a_clear_error(native, case, message):  # 
     import mxnet as mx
     weights, grads, global_flat, prev = _group()
     est = mx.nd.zeros((11,) if case == "est_length" else (12,))
-    attrs = dict(num_arrays=3, lrs=0.1, wds=0, send=0, rescale_grad=1, clip_gradient=-1,
+    attrs = dict(num_arrays=3, lrs=0.1, wds=0, local=0, rescale_grad=1, clip_gradient=-1,
                  momentum=0.9, lam=0, adaptive=0, beta=0.9, eps=1e-7, own_scales=2,
                  previous=0 if case.endswith("unread") else 1)
     if case in ("prev_scales_unread", "est_length"):
@@ -1011,7 +1005,7 @@ def test_estimate_operator_misuse_gets_a_clear_error(native, case, message):  # 
     if case != "prev_scales_unread":
         attrs.update(prev_decays=0.0)
     with pytest.raises(mx.base.MXNetError) as caught:
-        mx.nd.odsgd_multi_predict_update(*weights, *grads, global_flat, prev, prev, est,
-                                         out=weights, **attrs)
+        mx.nd.odsgd_multi_predict_update(*grads, global_flat, prev, prev, mx.nd.zeros((1,)),
+                                         est, out=weights, **attrs)
         mx.nd.waitall()
     assert message in _last_extension_error(caught.value)

@@ -6,9 +6,11 @@ Compiles kvstore_ext/local_update_op_gpu.cu with the standalone driver
 kvstore_ext/gpu_check_driver.cu (for the GPU's own architecture), then
 
 1. runs every kind of call (sgd, predict, nag_predict with clip and adaptive on and off and
-   with and without the send copy, the predicts with and without the previous round's sum
-   in their estimate; gather; scatter) on groups of arrays that include empty
-   ones, tile boundaries and a single array, and compares every array the driver hands back
+   with w_t in local_flat (lam 0.5) or without it (lam 0), the predicts with and without the
+   previous round's sum in their estimate; gather; scatter) on groups of arrays that include
+   empty ones, tile boundaries and a single array, with the updates' weights NaN before the
+   call (they are outputs only: one read would show), and compares every array the driver
+   hands back
    with the NumPy float32 reference below (SPEC.md section 2): the updated ones to rtol 1e-5
    / atol 1e-6 (as tests/test_fused_op.py; nvcc contracts a * b + c into FMAs), copies and
    every array the call must leave alone exactly;
@@ -34,12 +36,12 @@ from .library import SOURCE_DIR
 REPO_ROOT = os.path.dirname(SOURCE_DIR)
 PREFIX = "odsgd.native check-gpu: "
 RTOL, ATOL = 1e-5, 1e-6
-SLOTS = ("weight", "grad", "global", "aux", "var", "est", "send", "flat")   # driver's order
+SLOTS = ("weight", "grad", "global", "aux", "var", "est", "local", "flat")   # driver's order
 UPDATE_KINDS = ("sgd", "predict", "nag_predict")
 # Array sizes of the correctness cases: one array of several tiles (1024 elements each) and a
 # partial one; a mix with empty arrays, single elements and tile boundaries; nothing at all.
 GROUPS = {"one": [10007], "mixed": [3, 0, 20001, 1, 2048, 0, 1025, 1024], "empty": [0, 0]}
-HYPER = dict(rescale_grad=0.5, momentum=0.9, lam=0.5, beta=0.9, eps=1e-7)
+HYPER = dict(rescale_grad=0.5, momentum=0.9, lam=0.5, beta=0.9, eps=1e-7)   # lam with local
 PREDICT_KINDS = ("predict", "nag_predict")
 CLIP = 0.8
 
@@ -109,7 +111,8 @@ def _driver_archs(nvcc, gpu):
 def reference(case, arrays):
     """The 8 arrays (SLOTS) as the call of `case` must leave them, from `arrays`, theirs
     before it; the per-array lists (lr, wd, prev_decay, own_scale, prev_scale) are spread
-    over each array's elements."""
+    over each array's elements. The updates read w_t from `local` (lam 0.5) or not at all
+    (lam 0: W stands in), never from `weight`."""
     import numpy as np
     f32 = np.float32
     out = {name: arrays[name].copy() for name in SLOTS}
@@ -123,7 +126,8 @@ def reference(case, arrays):
     sizes = case["sizes"]
     lr, wd, decay, own, prev = (np.repeat(np.asarray(case[key], f32), sizes) for key in
                                 ("lrs", "wds", "prev_decays", "own_scales", "prev_scales"))
-    w, grad, W, aux = arrays["weight"], arrays["grad"], arrays["global"], arrays["aux"]
+    grad, W, aux = arrays["grad"], arrays["global"], arrays["aux"]
+    w = arrays["local"] if case["local"] else W
     g = f32(HYPER["rescale_grad"]) * grad
     if case["clip"]:
         g = np.clip(g, -f32(CLIP), f32(CLIP))
@@ -131,7 +135,7 @@ def reference(case, arrays):
     if case["adaptive"]:
         out["var"] = f32(HYPER["beta"]) * arrays["var"] + f32(1.0 - HYPER["beta"]) * g * g
         c = f32(1) / np.sqrt(out["var"] + f32(HYPER["eps"]))
-    compensation = f32(HYPER["lam"]) * c * g * g * (W - w)
+    compensation = f32(lam_of(case)) * c * g * g * (W - w)
     gc = g + compensation
     mu, delta = f32(HYPER["momentum"]), W - aux
     if kind == "sgd":
@@ -150,9 +154,15 @@ def reference(case, arrays):
         if case["previous"]:   # the servers' previous round from the estimate's update
             bracket = bracket - prev * (mu * arrays["est"] - out["est"] - decay * W)
         out["weight"] = (W - a) + one_plus_mu * bracket
-    if case["send"]:
-        out["send"] = grad.copy()
+    if case["local"]:
+        out["local"] = out["weight"].copy()
     return out
+
+
+def lam_of(case):
+    """The compensation strength of an update case: HYPER's with w_t in local, else 0 (the
+    operator refuses lam != 0 without local_flat)."""
+    return HYPER["lam"] if case["local"] else 0.0
 
 
 def _computed(case):
@@ -162,29 +172,30 @@ def _computed(case):
         return ()
     uses_est = case["kind"] == "nag_predict" or (case["kind"] == "predict" and case["previous"])
     return (("weight",) + (("aux",) if case["kind"] == "sgd" else ())
-            + (("var",) if case["adaptive"] else ()) + (("est",) if uses_est else ()))
+            + (("var",) if case["adaptive"] else ()) + (("est",) if uses_est else ())
+            + (("local",) if case["local"] else ()))
 
 
 # ------------------------------------------------------------------------------------------
 # Correctness cases
 
 def correctness_cases():
-    """Every update kind x clip x adaptive x send (x previous for the predicts) on the mixed
+    """Every update kind x clip x adaptive x local (x previous for the predicts) on the mixed
     group, each kind on one array and on empty arrays only, and gather and scatter on every
     group."""
     cases = []
     for kind in UPDATE_KINDS:
         for previous in ((False, True) if kind in PREDICT_KINDS else (False,)):
-            for clip, adaptive, send in itertools.product((False, True), repeat=3):
+            for clip, adaptive, local in itertools.product((False, True), repeat=3):
                 cases.append(dict(kind=kind, group="mixed", clip=clip, adaptive=adaptive,
-                                  send=send, previous=previous))
+                                  local=local, previous=previous))
             for adaptive in (False, True):
                 cases.append(dict(kind=kind, group="one", clip=True, adaptive=adaptive,
-                                  send=True, previous=previous))
-            cases.append(dict(kind=kind, group="empty", clip=False, adaptive=True, send=True,
+                                  local=True, previous=previous))
+            cases.append(dict(kind=kind, group="empty", clip=False, adaptive=True, local=True,
                               previous=previous))
     for kind, group in itertools.product(("gather", "scatter"), sorted(GROUPS)):
-        cases.append(dict(kind=kind, group=group, clip=False, adaptive=False, send=False,
+        cases.append(dict(kind=kind, group=group, clip=False, adaptive=False, local=False,
                           previous=False))
     return cases
 
@@ -207,17 +218,19 @@ def _write_case(folder, index, case):
         return (scale * rng.standard_normal(total)).astype(np.float32)
 
     W = normal(1.0)
-    arrays = {"weight": W + normal(0.3), "grad": normal(2.0), "global": W,
+    update = case["kind"] in UPDATE_KINDS
+    arrays = {"weight": np.full(total, np.nan, np.float32) if update else normal(1.0),
+              "grad": normal(2.0), "global": W,
               "aux": W + normal(0.1) if case["kind"] != "sgd" else normal(0.1),
               "var": rng.uniform(0.0, 1.0, total).astype(np.float32), "est": normal(0.1),
-              "send": np.full(total, -7.0, np.float32), "flat": normal(1.0)}
+              "local": W + normal(0.3), "flat": normal(1.0)}
     path = os.path.join(folder, "case%02d" % index)
     os.makedirs(path)
     hyper = [HYPER["rescale_grad"], CLIP if case["clip"] else -1.0, HYPER["momentum"],
-             HYPER["lam"], HYPER["beta"], HYPER["eps"]]
+             lam_of(case), HYPER["beta"], HYPER["eps"]]
     lines = ["kind %s" % case["kind"],
-             "flags %d %d %d %d" % (case["clip"], case["adaptive"], case["send"],
-                                    case["previous"]),
+             "flags %d %d %d %d" % (case["clip"], case["adaptive"], case["previous"],
+                                    case["local"]),
              "hyper " + " ".join(map(repr, map(float, hyper))),
              "sizes %d %s" % (num, " ".join(map(str, sizes)))]
     lines += ["%s %s" % (key, " ".join(map(repr, case[key])))
@@ -253,7 +266,7 @@ def _compare(case, before, path):
 
 
 def _describe(case):
-    flags = [name for name in ("clip", "adaptive", "send", "previous") if case[name]]
+    flags = [name for name in ("clip", "adaptive", "local", "previous") if case[name]]
     return "%s on %s arrays%s" % (case["kind"], case["group"],
                                   " (%s)" % ", ".join(flags) if flags else "")
 
@@ -314,9 +327,10 @@ def resnet50_sizes():
 
 
 def bytes_per_element(kind, adaptive=False):
-    """Bytes a call must move per element: the arrays it reads and writes, 4 bytes each."""
-    reads, writes = {"sgd": (4, 2), "predict": (4, 1), "predict+previous": (5, 2),
-                     "nag_predict": (5, 2), "nag_predict+previous": (5, 2), "gather": (1, 1),
+    """Bytes a call must move per element: the arrays it reads and writes, 4 bytes each. The
+    bench's updates read w_t from local_flat and write w_{t+1} to it and to the weight."""
+    reads, writes = {"sgd": (4, 3), "predict": (4, 2), "predict+previous": (5, 3),
+                     "nag_predict": (5, 3), "nag_predict+previous": (5, 3), "gather": (1, 1),
                      "scatter": (1, 1), "copy": (1, 1)}[kind]
     return 4 * (reads + writes + (2 if adaptive else 0))
 

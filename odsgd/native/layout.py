@@ -13,21 +13,23 @@ the operator, before the dispatcher (imperative_utils.h `PushFComputeEx` calls
 descriptor without reordering: the operator overwrites every element). An output that is
 also an input (kWriteInplace) keeps its layout and fails.
 
-So the local updates with lam = 0 and not adaptive (the default), which do not read the old
-weights and pass them as outputs only (the operators' `overwrite=1`, odsgd.native.ops), need
-nothing from this module: the layout is dropped in the engine's order, when the operator
-runs, so no reorder queued before or after the call can make it fail, and the caller waits
-for nothing. The calls whose written arrays are inputs too (an update with lam != 0 or
-adaptive, which reads the old weights; scatter_, which takes its arrays as inputs for their
-shapes) put them into the default layout first, with `to_default_layout` below.
+So the local updates, which pass the weights as outputs only for every lam (the old weights
+w_t, which only the compensation term reads, come from the caller's flat copy of them,
+`local_flat`; odsgd.native.ops), need nothing from this module: the layout is dropped in the
+engine's order, when the operator runs, so no reorder queued before or after the call can
+make it fail, and the caller waits for nothing. Nor does gather_, which only reads its
+arrays: the dispatcher copies an input in an MKL-DNN layout into the default layout inside
+the engine (`Reorder2Default`, into a new array), which is how that flat copy is first made.
+The one call whose written arrays are inputs too, scatter_ (which takes them as inputs for
+their shapes), puts them into the default layout first, with `to_default_layout` below.
 
 MXNet 1.9 has no Python call for that, but its C API `MXNDArrayGetData` does it: for an
 array in an MKL-DNN layout it pushes `Reorder2DefaultAsync` and waits for it, leaving the
 same NDArray (same memory, same engine variable) in the default layout; for any other array
 it only returns the data pointer. Waiting for the array's pending writes first
 (`MXNDArrayWaitToRead`) makes that check also see a reorder that is queued but has not run
-yet. That wait is for the array's last writer, typically the previous step's local update of
-its key group, and it holds up the caller's thread meanwhile. An inference forward that is
+yet. That wait is for the array's last writer, and it holds up the caller's thread
+meanwhile. An inference forward that is
 still queued when the operator is pushed does no harm: it queues its reorder when it runs,
 behind the operator, and MXNet's reorder skips an array that was written after it was
 queued. What is left is a window of microseconds: an inference forward that starts running
@@ -35,9 +37,9 @@ on the engine between this check and the push of the operator. Then the operator
 inside the engine, with the message above, on this array.
 
 A failure recorded on an array by an earlier asynchronous operator is raised here, in the
-caller's thread, by the wait. (Where no wait is made, as with overwrite=1, the engine passes
-such a failure on to the operator's outputs and it is raised at the next wait on any of
-them or on what was computed from them.)
+caller's thread, by the wait. (Where no wait is made, as in the local updates, the engine
+passes such a failure on to the operator's outputs and it is raised at the next wait on any
+of them or on what was computed from them.)
 """
 import ctypes
 

@@ -6,13 +6,14 @@ Every call goes straight to MXNet's C API (`MXImperativeInvokeEx`, the function 
 that a multi-array call costs one dispatch plus building the list of array handles,
 whatever the number of arrays. mxnet is imported inside the functions only.
 
-Layouts (odsgd.native.layout): an update with lam = 0 and not adaptive, the default, passes
-the weights as outputs only (the operators' `overwrite=1`: with lam = 0 the new weights do
-not depend on the old ones), and MXNet's engine drops an MKL-DNN layout of such an output
-before the operator runs, so the call waits for nothing. Every other call that writes
-arrays (an update with lam != 0 or adaptive, whose weights are inputs too, and scatter_)
-first puts them into the default layout with `layout.to_default_layout`, which waits for
-their pending writes.
+Layouts (odsgd.native.layout): the updates pass the weights as outputs only, for every lam
+(the old weights w_t, which only the compensation term reads, come from `local_flat`, the
+caller's flat copy of them, which the same pass overwrites with w_{t+1}), and MXNet's engine
+drops an MKL-DNN layout of such an output before the operator runs, so an update waits for
+nothing. gather_ reads any layout (MXNet's dispatcher copies an input in an MKL-DNN layout
+into the default one, inside the engine). scatter_, whose arrays are inputs too (for their
+shapes), first puts them into the default layout with `layout.to_default_layout`, which waits
+for their pending writes.
 """
 import ctypes
 
@@ -101,18 +102,14 @@ def _placeholder(context):
     return array
 
 
-_OVERWRITE = ("overwrite", "1")
-
-
-def _common_items(rescale_grad, clip_gradient, momentum, lam, adaptive, beta, eps):
-    """The shared attribute items of an update; with lam = 0 and not adaptive also
-    overwrite=1 (_OVERWRITE): the old weights are not read, so they are outputs only."""
-    overwrite = float(lam) == 0.0 and not adaptive
+def _common_items(rescale_grad, clip_gradient, momentum, lam, adaptive, beta, eps, local):
+    """The shared attribute items of an update; `local`: the call reads w_t from local_flat
+    (and writes w_{t+1} there)."""
     return (("rescale_grad", _number(rescale_grad)),
             ("clip_gradient", _number(clip_gradient if clip_gradient is not None else -1.0)),
             ("momentum", _number(momentum)), ("lam", _number(lam)),
             ("adaptive", "1" if adaptive else "0"), ("beta", _number(beta)),
-            ("eps", _number(eps)), ("overwrite", "1" if overwrite else "0"))
+            ("eps", _number(eps)), ("local", "1" if local else "0"))
 
 
 # ------------------------------------------------------------------------------------------
@@ -160,9 +157,9 @@ def local_update_(weight, grad, global_weight, mom, var, *, rescale_grad, clip_g
     Parameters
     ----------
     weight : NDArray, float32, any shape S
-        w_t on entry, w_{t+1} on return (updated in place). May be in an MKL-DNN layout
-        (with lam = 0 and not adaptive it is only written, and not read at all; else it is
-        reordered to the default layout first).
+        w_t on entry, w_{t+1} on return (updated in place). May be in an MKL-DNN layout: the
+        operator only writes it; with lam != 0 w_t is first copied into a flat array
+        (`gather_`, which reads any layout), which the operator reads as `local_flat`.
     grad : NDArray, float32, shape S
         The worker's raw gradient grad_t (before rescale_grad).
     global_weight : NDArray, float32, S.size elements
@@ -196,8 +193,9 @@ def local_update_(weight, grad, global_weight, mom, var, *, rescale_grad, clip_g
     for other dtypes or sizes, naming the array as `multi_update_` does; requires `load()`.
     """
     return _one_array("sgd", "local_update_", weight, grad, (global_weight, mom), var, adaptive,
-                      _rate_items([lr], [wd]), _common_items(rescale_grad, clip_gradient,
-                                                             momentum, lam, adaptive, beta, eps))
+                      lam, _rate_items([lr], [wd]), dict(
+                          rescale_grad=rescale_grad, clip_gradient=clip_gradient,
+                          momentum=momentum, beta=beta, eps=eps))
 
 
 def predict_update_(weight, grad, global_weight, prev_global_weight, var, *, rescale_grad,
@@ -214,7 +212,7 @@ def predict_update_(weight, grad, global_weight, prev_global_weight, var, *, res
     Parameters
     ----------
     weight : NDArray, float32, any shape S
-        w_t on entry, w_{t+1} on return (updated in place; any layout, as in local_update_).
+        w_t on entry, w_{t+1} on return (any layout, as in local_update_).
     grad : NDArray, float32, shape S
         The worker's raw gradient grad_t.
     global_weight : NDArray, float32, S.size elements
@@ -239,27 +237,37 @@ def predict_update_(weight, grad, global_weight, prev_global_weight, var, *, res
     rates = _rate_items([lr], [wd]) + _estimate_items(
         "predict", 1, _own_scales(None, num_workers, 1, "predict_update_"), None, None)
     return _one_array("predict", "predict_update_", weight, grad,
-                      (global_weight, prev_global_weight), var, adaptive, rates,
-                      _common_items(rescale_grad, clip_gradient, momentum, lam, adaptive, beta,
-                                    eps))
+                      (global_weight, prev_global_weight), var, adaptive, lam, rates, dict(
+                          rescale_grad=rescale_grad, clip_gradient=clip_gradient,
+                          momentum=momentum, beta=beta, eps=eps))
 
 
-def _one_array(kind, caller, weight, grad, states, var, adaptive, rates, common):
+def _one_array(kind, caller, weight, grad, states, var, adaptive, lam, rates, hyper):
     """The operator of `kind` with P = 1; returns `weight`. `states` (W and mom or W_prev,
     any shapes) and var (when adaptive; else unused, and never reshaped) are passed as flat
-    views of themselves; `rates` are the per-array attribute items. The predict's est_flat
-    is unused here (no previous round): the placeholder."""
+    views of themselves; `rates` are the per-array attribute items, `hyper` the shared
+    hyper-parameters but lam and adaptive. With lam != 0 local_flat is a flat copy of the
+    weight made here (the caller keeps none). The predict's est_flat is unused here (no
+    previous round): the placeholder."""
     context = weight.context
     var = _var_or_placeholder(var, context, adaptive, caller, "var")
+    local = _flat_copy(weight) if float(lam) != 0.0 else _placeholder(context)
     views = _flat_views(states + (var,) if adaptive else states)
-    flats = views if adaptive else views + [var.handle]
+    flats = (views if adaptive else views + [var.handle]) + [local.handle]
     if kind == "predict":
         flats = flats + [_placeholder(context).handle]
+    common = _common_items(lam=lam, adaptive=adaptive, local=float(lam) != 0.0, **hyper)
     try:
-        _update(kind, [weight], [grad], flats, None, context, rates, common)
+        _update(kind, [weight], [grad], flats, rates, common)
     finally:
         _free(views)
     return weight
+
+
+def _flat_copy(array):
+    """A new 1-D float32 array holding `array` (any layout) flattened: gather_ of it alone."""
+    import mxnet as mx
+    return gather_([array], mx.nd.empty((array.size,), ctx=array.context, dtype="float32"))
 
 
 _FLAT = (ctypes.c_int64 * 1)(-1)
@@ -305,7 +313,7 @@ def _var_or_placeholder(var, context, adaptive, caller, name):
 # Multi-array operators
 
 def multi_update_(kind, weights, grads, global_flat, *, prev_global_flat=None, mom_flat=None,
-                  var_flat=None, send_flat=None, est_flat=None, lrs, wds, prev_decays=None,
+                  var_flat=None, local_flat=None, est_flat=None, lrs, wds, prev_decays=None,
                   own_scales=None, prev_scales=None, rescale_grad, clip_gradient, momentum,
                   lam, adaptive, beta, eps, num_workers=1):
     """The local step of OD-SGD (SPEC.md section 2) on P arrays at once: one operator call.
@@ -344,9 +352,8 @@ def multi_update_(kind, weights, grads, global_flat, *, prev_global_flat=None, m
     ----------
     kind : {'sgd', 'predict', 'nag_predict'}
     weights : list of P NDArrays, float32, any shapes, one context
-        w_t in, w_{t+1} out, in place (any layout: see the module's docstring). With lam = 0
-        and not adaptive they are not read (the formulas do not use w_t then): outputs only,
-        and the call does not wait for their pending writes.
+        Receive w_{t+1}. Outputs only, never read, for every lam (any layout: see the
+        module's docstring), so the call does not wait for their pending writes.
     grads : list of P NDArrays, float32, shaped like the weights
         Raw gradients (before rescale_grad). Read only.
     global_flat : NDArray, float32, (N,)
@@ -358,14 +365,16 @@ def multi_update_(kind, weights, grads, global_flat, *, prev_global_flat=None, m
         'sgd' only (required): the momentum m, flat layout; updated in place.
     var_flat : NDArray, float32, (N,), or None
         v of the adaptive mode, flat layout, updated in place; required when `adaptive`.
+    local_flat : NDArray, float32, (N,), or None
+        w_t of the P arrays, flat layout (the caller's own copy of the weights, e.g. made
+        once with `gather_`), which the compensation term reads; the same pass writes
+        w_{t+1} into it as into the weights, so it stays their copy. Required when lam != 0;
+        with lam = 0 it is kept up to date when given, and unused otherwise (the term is 0).
     est_flat : NDArray, float32, (N,)
         The worker's copy of the servers' optimizer state after the round that produced W,
         flat layout, updated in place: 'nag_predict' (required) the estimate of the NAG
         state (starts at 0); 'predict' with prev_scales (required, else refused) the last
         change of the global weights, SGD's momentum.
-    send_flat : NDArray, float32, (N,), or None
-        When given, the same call also writes send_flat[off_k:off_k+n_k] = grads[k].ravel()
-        (the raw gradient, for the push).
     lrs, wds : sequences of P floats
         Per-array learning rate and weight decay ('sgd': the local optimizer's; 'predict':
         the global optimizer's lr x lr_mult and wd x wd_mult, as the servers apply them).
@@ -393,10 +402,10 @@ def multi_update_(kind, weights, grads, global_flat, *, prev_global_flat=None, m
     ------
     ValueError, TypeError
         A wrong kind, P = 0, lists of different lengths, a required flat array or list
-        missing or one given that the call does not use. MXNetError (raised here,
-        synchronously): a dtype other than float32, shapes that do not match, a flat array
-        of the wrong length. Arrays whose memory overlaps are refused when the operator runs
-        (raised at the next wait on a written array).
+        missing (local_flat with lam != 0) or one given that the call does not use.
+        MXNetError (raised here, synchronously): a dtype other than float32, shapes that do
+        not match, a flat array of the wrong length. Arrays whose memory overlaps are refused
+        when the operator runs (raised at the next wait on a written array).
     """
     num = _check_arrays(kind, weights, grads, lrs, wds)
     aux = _check_aux(kind, prev_global_flat, mom_flat)
@@ -413,13 +422,19 @@ def multi_update_(kind, weights, grads, global_flat, *, prev_global_flat=None, m
     else:
         own = _own_scales(own_scales, num_workers, num, "multi_update_")
         rates += _estimate_items(kind, num, own, prev_scales, prev_decays if uses_est else None)
+    if local_flat is None and float(lam) != 0.0:
+        raise TypeError("odsgd.native.multi_update_: lam=%r reads the old weights w_t, and the "
+                        "weights are outputs only: pass local_flat (w_t, flat layout, e.g. "
+                        "made once with gather_)" % (lam,))
     context = global_flat.context
     var_flat = _var_or_placeholder(var_flat, context, adaptive, "multi_update_", "var_flat")
-    flats = [global_flat.handle, aux.handle, var_flat.handle]
+    local = local_flat if local_flat is not None else _placeholder(context)
+    flats = [global_flat.handle, aux.handle, var_flat.handle, local.handle]
     if kind != "sgd":
         flats.append((est_flat if uses_est else _placeholder(context)).handle)
-    return _update(kind, weights, grads, flats, send_flat, context, rates, _common_items(
-        rescale_grad, clip_gradient, momentum, lam, adaptive, beta, eps))
+    return _update(kind, weights, grads, flats, rates, _common_items(
+        rescale_grad, clip_gradient, momentum, lam, adaptive, beta, eps,
+        local=local_flat is not None))
 
 
 def _check_arrays(kind, weights, grads, lrs, wds):
@@ -508,27 +523,13 @@ def _rate_items(lrs, wds):
     return (("lrs", _rate_list(list(lrs))), ("wds", _rate_list(list(wds))))
 
 
-def _update(kind, weights, grads, flats, send_flat, context, rates, common):
+def _update(kind, weights, grads, flats, rates, common):
     """Runs the operator of `kind` on checked arguments: `flats` are the handles of its flat
-    inputs in order, `rates` the per-array attributes, `common` _common_items(...). With
-    overwrite=1 in `common` the weights are outputs only: no layout check, no wait (MXNet
-    drops an MKL-DNN layout of an output that is not also an input before the operator
-    runs); else they are inputs too, and first put into the default layout (which waits for
-    their pending writes: odsgd.native.layout)."""
-    send = send_flat is not None
-    items = (("num_arrays", str(len(weights))),) + rates + (
-        ("send", "1" if send else "0"),) + common
-    if _OVERWRITE in common:
-        inputs = [a.handle for a in grads]
-    else:
-        layout.to_default_layout(weights, context)
-        inputs = [a.handle for a in weights]
-        inputs += [a.handle for a in grads]
-    inputs += flats
-    # send_flat is an output: MXNet records an operator's failure on its outputs only, so a
-    # push of send_flat after a failed call is skipped with the error, never sends stale data.
-    outputs = list(weights) + [send_flat] if send else weights
-    _invoke(_MULTI_OPERATORS[kind], inputs, outputs, items)
+    inputs in order, `rates` the per-array attributes, `common` _common_items(...). The
+    weights are outputs only: no layout check, no wait (MXNet drops an MKL-DNN layout of an
+    output that is not also an input before the operator runs)."""
+    items = (("num_arrays", str(len(weights))),) + rates + common
+    _invoke(_MULTI_OPERATORS[kind], [a.handle for a in grads] + flats, weights, items)
     return weights
 
 
@@ -538,11 +539,13 @@ _MULTI_OPERATORS = {"sgd": "odsgd_multi_local_update", "predict": "odsgd_multi_p
 
 def gather_(arrays, flat):
     """flat = the concatenation of `arrays`, each flattened in C order (the flat layout of
-    `multi_update_`), in one operator call.
+    `multi_update_`), in one operator call. Waits for nothing: MXNet's dispatcher reads an
+    array in an MKL-DNN layout through a default-layout copy inside the engine.
 
     Parameters
     ----------
-    arrays : list of P >= 1 NDArrays, float32, any shapes, one context. Read only.
+    arrays : list of P >= 1 NDArrays, float32, any shapes (any layout), one context. Read
+        only.
     flat : NDArray, float32, (N,), N = the sum of their sizes; written.
 
     Returns `flat`. MXNetError for other dtypes or a wrong length."""

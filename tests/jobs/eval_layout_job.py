@@ -6,6 +6,10 @@ epochs, which is what leaves MXNet's CPU build keeping conv weights in an MKL-DN
 --api gluon: a `gluon.Trainer` loop that runs `net(x)` outside autograd (inference mode) on
              validation batches after every epoch.
 
+After the first epoch both load the newest global weights into the parameters
+(odsgd.load_global_weights) and train on from there: with lam != 0 the fused local update
+must then read w_t from the parameters again, as the fallback does.
+
 Writes OUT/rank<r>.npz: the newest global weights after the last step (`global_<name>`), this
 worker's local weights after each epoch (`epoch<e>_<name>`), and what the worker ran on
 (`native_loaded`, `odsgd_native_lib`). Started through odsgd.launch."""
@@ -79,6 +83,8 @@ def run_module(args, kv):
     def snapshot(epoch, _symbol, arg_params, _aux_params):
         for name, value in arg_params.items():
             snapshots["epoch%d_%s" % (epoch, name)] = value.asnumpy()
+        if epoch == 0:
+            odsgd.load_global_weights(mod)     # training goes on from W
 
     mod.fit(train, eval_data=val, num_epoch=args.epochs, kvstore=kv, optimizer="sgd",
             optimizer_params=OPTIMIZER, eval_metric="acc",
@@ -126,6 +132,8 @@ def run_gluon(args, kv):
         print("epoch %d validation %s=%.3f" % ((epoch,) + metric.get()), flush=True)
         for name, param in net.collect_params().items():
             snapshots["epoch%d_%s" % (epoch, name)] = param.data().asnumpy()
+        if epoch == 0:
+            odsgd.load_global_weights(trainer)     # training goes on from W
     odsgd.load_global_weights(trainer)
     snapshots.update(("global_" + name, param.data().asnumpy())
                      for name, param in net.collect_params().items())
