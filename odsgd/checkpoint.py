@@ -23,6 +23,10 @@ number of workers and the same parameters; the number of servers, ODSGD_PART_ELE
 ODSGD_FUSION_ELEMENTS may differ from the saving job's (nothing saved depends on them), and
 the optimizer's begin_num_update must be the saving job's.
 """
+import os
+import tempfile
+import zlib
+
 import mxnet as mx
 
 from . import state_files
@@ -62,9 +66,52 @@ def save_checkpoint(trainer, prefix):
     kv = trainer._kvstore
     params_file, states_file = checkpoint_files(prefix, kv.rank)
     mx.nd.waitall()
-    mx.nd.save(params_file, {param.name: param.list_data()[0] for param in trainer._params})
-    trainer.save_states(states_file)   # kv.save_optimizer_states, servers included on rank 0
+    save_weights_atomically(params_file, {param.name: param.list_data()[0]
+                                          for param in trainer._params})
+    # The states name the weights file they belong to: a save cut short between the two
+    # files (the same prefix saved again) is refused on load instead of resuming wrong.
+    kv.weights_file = {"name": os.path.basename(params_file), "crc32": file_crc32(params_file)}
+    try:
+        trainer.save_states(states_file)   # kv.save_optimizer_states, servers too on rank 0
+    finally:
+        kv.weights_file = None
     return params_file, states_file
+
+
+def save_weights_atomically(path, arrays):
+    """mx.nd.save through a temporary file of this call's own, renamed over `path`: a save
+    cut short leaves the file before it whole (mx.nd.save writes in place)."""
+    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
+                                         prefix=os.path.basename(path) + ".", suffix=".tmp")
+    os.close(handle)
+    try:
+        mx.nd.save(temporary, arrays)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def file_crc32(path):
+    """CRC-32 of a file's bytes, read in chunks."""
+    crc = 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def check_weights_file(params_file, states_file, saved):
+    """ValueError when the weights file is not the one the states were saved with."""
+    recorded = saved.get("weights_file")
+    if recorded is None:
+        return   # states saved by trainer.save_states alone: no weights file to match
+    if file_crc32(params_file) != recorded["crc32"]:
+        raise ValueError(
+            "%s is not the weights file that %s was saved with (a save to this prefix was cut "
+            "short between the two files, or one of them was replaced): load an earlier "
+            "checkpoint" % (params_file, states_file))
 
 
 def load_checkpoint(trainer, prefix):
@@ -86,8 +133,9 @@ def load_checkpoint(trainer, prefix):
         raise ValueError("load_checkpoint is for a Trainer with kvstore='dist_odsgd'; this one "
                          "has kvstore=%r" % (kv,))
     params_file, states_file = checkpoint_files(prefix, kv.rank)
-    local = mx.nd.load(params_file)
     saved = state_files.load_worker_states(states_file, kv.rank)
+    check_weights_file(params_file, states_file, saved)
+    local = mx.nd.load(params_file)
     global_weights = {key: current for key, (current, _previous)
                       in saved["global_weights"].items()}
     if saved.get("optimizer") is not None:

@@ -106,6 +106,9 @@ class DistODSGD(KVStoreBase):
         self.local = None
         #: the first step that failed part way (odsgd/failed_step.py)
         self.failed_step = FailedStep()
+        #: the weights file of the checkpoint being saved (odsgd/checkpoint.py), recorded with
+        #: the states
+        self.weights_file = None
         self.agreement = WorkerAgreement(self)
         self.agreement.check_layout(layout_settings(self.config))
         #: the user's keys and their key groups (odsgd/key_plan.py)

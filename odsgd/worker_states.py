@@ -45,6 +45,8 @@ def collect(store, dump_optimizer):
              "rank": store.rank, "num_workers": store.num_workers,
              "num_servers": num_servers(), "layout": dict(layout_settings(store.config)),
              "begin_num_update": optimizer.begin_num_update if optimizer is not None else None,
+             # the weights file of odsgd.save_checkpoint that these states go with
+             "weights_file": getattr(store, "weights_file", None),
              "steps": steps, "global_step": store.global_step,
              "global_weights": global_weights,
              "local": local.get_states(store.planner.holding_groups()) if local else None,

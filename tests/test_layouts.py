@@ -154,3 +154,22 @@ def test_optimizers_not_exact_on_parts_equal_dist_sync(tmp_path, optimizer, env,
         for name in ("local_weight", "global_weight", "local_bias"):
             np.testing.assert_allclose(od[rank][name], sync[rank][name], rtol=1e-6,
                                        atol=1e-7, err_msg="worker %d %s" % (rank, name))
+
+
+def test_weights_of_another_save_beside_the_states_are_refused(tmp_path, checkpoint):
+    """A save to the same prefix cut short after a worker wrote its new weights but before its
+    new states leaves weights of one save beside states of another: the load refuses it
+    (the states record the CRC of the weights file they were saved with)."""
+    import glob
+    import shutil
+    import mxnet as mx
+    for path in glob.glob(checkpoint + "*"):
+        shutil.copy(path, tmp_path)
+    prefix = str(tmp_path / os.path.basename(checkpoint))
+    weights = mx.nd.load(prefix + "-worker1.params")
+    mx.nd.save(prefix + "-worker1.params", {k: v * 1.01 for k, v in weights.items()})
+    with pytest.raises(JobError) as failure:
+        run_job("layout_job.py", ["--out", tmp_path, "--resume-at", 30, "--prefix", prefix],
+                servers=2, timeout=90)
+    assert "ckpt-worker1.params is not the weights file that" in str(failure.value)
+    assert "load an earlier checkpoint" in str(failure.value)
