@@ -202,9 +202,11 @@ def run_module(args, kv):
     local_w, local_b = [], []
 
     def record(_param):
-        arg_params, _ = mod.get_params()
-        local_w.append(arg_params["fc_weight"].asnumpy())
-        local_b.append(arg_params["fc_bias"].asnumpy())
+        # the worker's own weights w_t, as the executor holds them (get_params shows the
+        # global model under the default ODSGD_EVAL_WEIGHTS=global, odsgd/eval_weights.py)
+        arrays = dict(zip(mod._exec_group.param_names, mod._exec_group.param_arrays))
+        local_w.append(arrays["fc_weight"][-1].asnumpy())
+        local_b.append(arrays["fc_bias"][-1].asnumpy())
 
     mod.fit(train, num_epoch=1, kvstore=kv, optimizer=args.optimizer,
             eval_metric=mx.metric.Loss(),
