@@ -203,8 +203,9 @@ def test_misuse_inside_a_job(tmp_path):
         else:
             assert results["shape_check"] == (
                 "ValueError: parameter shapes differ between workers: key 600 is (3, 6) "
-                "float32 on worker 1 but (3, 5) float32 on rank 0; every worker must build "
-                "the same model")
+                "float32 (key id 600) on worker 1 but (3, 5) float32 (key id 600) on rank 0; "
+                "every worker must build the same model and initialise its parameters in the "
+                "same order")
 
 
 def test_invalid_environment_ends_the_job(tmp_path):
