@@ -191,6 +191,15 @@ def test_time_to_accuracy_on_tiny_data(tmp_path, capsys):
         runs["dist_sync"]["train_seconds"] + 1e-9
     assert os.path.exists(tmp_path / "time_to_accuracy.png")
     assert "dist_odsgd" in capsys.readouterr().out
+    # the runs so far, kept as they end: a study stopped there goes on with --reuse of them
+    reused = time_to_accuracy.reusable_runs(
+        [str(tmp_path / time_to_accuracy.RUNS_SO_FAR)],
+        time_to_accuracy.parse_args(["--dataset", _data_set(), "--epochs", "1",
+                                     "--train-subset", "1024", "--test-subset", "500",
+                                     "--batch-size", "32", "--eval-interval", "4"]))
+    assert sorted(mode for mode, _, _ in reused) == ["dist_odsgd", "dist_sync"]
+    for (mode, _, _), run in reused.items():
+        assert run["final_test_accuracy"] == runs[mode]["final_test_accuracy"]
 
 
 def test_study_interleaves_modes_seed_by_seed():

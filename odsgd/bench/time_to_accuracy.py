@@ -19,7 +19,9 @@ Modes as in `odsgd.bench convergence` (`dist_odsgd` = the store's defaults; `ods
 
 `--reuse JSON` takes the runs of a saved study (the same data, model, schedule, optimizer and
 cluster: checked) instead of running them again, by mode, seed and bandwidth: e.g. dist_sync's
-runs, whose accuracies do not depend on timing, for a study of other dist_odsgd settings.
+runs, whose accuracies do not depend on timing, for a study of other dist_odsgd settings. Each
+run is added to `--out`/runs_so_far.json as it ends, so that a study that was stopped goes on
+with `--reuse` of that file.
 
 Per bandwidth, the target is dist_sync's final mean accuracy; each mode's time to target is
 the training time (evaluations taken out) of its first evaluation at or above it, per seed,
@@ -361,8 +363,10 @@ def run_all(args):
         with job_placement(args.topology, bandwidth, args.workers, args.servers) as place:
             for mode, seed in plan:
                 number += 1
-                record = reusable.get((mode, seed, bandwidth)) or \
-                    run_one(args, bandwidth, mode, seed, place)
+                record = reusable.get((mode, seed, bandwidth))
+                if record is None:
+                    record = run_one(args, bandwidth, mode, seed, place)
+                    save_runs_so_far(args, runs + [record])
                 runs.append(record)
                 line = ("FAILED: %s" % record["error"].splitlines()[0]) if "error" in record \
                     else "%.2f%% after %.1f s training, %.0f samples/s%s" % (
@@ -373,6 +377,19 @@ def run_all(args):
                     number, total, "%5d Mbit/s" % bandwidth if bandwidth else "  unshaped ",
                     mode, seed, line), flush=True)
     return runs, compute, bandwidths
+
+
+def save_runs_so_far(args, runs):
+    """The runs made so far, as a study that `--reuse` takes (RUNS_SO_FAR in --out): a study
+    that is stopped goes on from there."""
+    path = os.path.join(args.out, RUNS_SO_FAR)
+    with open(path + ".tmp", "w") as f:
+        json.dump(dict(settings_of(args), runs=runs), f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+#: the runs of a study made so far (save_runs_so_far)
+RUNS_SO_FAR = "runs_so_far.json"
 
 
 def run_one(args, bandwidth, mode, seed, place):
