@@ -21,8 +21,8 @@ import weakref
 import mxnet as mx
 from mxnet.module import module as _module
 
-GLOBAL, LOCAL = "global", "local"
-MODES = (GLOBAL, LOCAL)
+#: what the arrays hold (ShownWeights.holds); GLOBAL and LOCAL are also ODSGD_EVAL_WEIGHTS's
+GLOBAL, LOCAL, USER = "global", "local", "user"
 
 _MODULE_FORWARD = _module.Module.forward
 _MODULE_GET_PARAMS = _module.Module.get_params
@@ -41,7 +41,7 @@ class ShownWeights(object):
         # A weak reference: _SHOWN lives as long as the process, and a store kept alive to
         # the interpreter's exit outlives MXNet's engine (its threads abort the process).
         self._store = weakref.ref(kvstore)
-        self.holds = "user"
+        self.holds = USER
         self.keys, self.arrays = [], []   # what the last step wrote w_t into (per device)
         self.owners = frozenset()         # ids of the Gluon Parameters trained (Gluon only)
         self.aside = []                   # a copy of w_t per key, while W is shown
@@ -81,7 +81,7 @@ class ShownWeights(object):
 
     def forget(self):
         """The user set the arrays: they hold neither w_t nor W until the next step."""
-        self.holds = "user"
+        self.holds = USER
 
 
 def _differs_from_global(kvstore):

@@ -61,9 +61,13 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--probe", action="store_true",
                    help="also measure the global and the local weights per epoch")
+    p.add_argument("--script-arg", action="append", default=[], metavar="ARG",
+                   help="one more argument of train_cifar10.py for every job (e.g. "
+                   "--script-arg=--lr=0.02)")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="environment of the jobs, e.g. ODSGD_EVAL_WEIGHTS=local")
-    p.add_argument("--reuse", help="a results JSON of this script: its runs of the same "
+    p.add_argument("--reuse", action="append", default=[],
+                   help="a results JSON of this script (may be repeated): its runs of the same "
                    "network, mode and seed are taken instead of run again (the jobs are "
                    "deterministic)")
     p.add_argument("--work", help="work folder (default: a temporary one)")
@@ -110,7 +114,7 @@ def job_command(args, mode, network, probe_out):
              "-n", "2", "-s", "1", "--launcher", "local", sys.executable] + script +
             NETWORKS[network] + ["--kv-store", store_and_settings(mode)[0],
                                  "--num-examples", str(TRAIN_IMAGES),
-                                 "--num-epochs", str(args.epochs)])
+                                 "--num-epochs", str(args.epochs)] + args.script_arg)
 
 
 def job_environment(args):
@@ -186,16 +190,18 @@ def read_probe(folder):
 
 def reusable_runs(args):
     """{(network, mode, seed): run} of --reuse's results, where they were measured alike."""
-    if not args.reuse:
-        return {}
-    with open(args.reuse) as f:
-        saved = json.load(f)
-    settings = saved["settings"]
-    if settings["epochs"] != args.epochs or settings["probe"] != args.probe or \
-            settings["env"] != args.env:
-        raise SystemExit("--reuse %s was measured with other settings (%s); run again "
-                         "without --reuse" % (args.reuse, settings))
-    return {(r["network"], r["mode"], r["seed"]): r for r in saved["runs"]}
+    runs = {}
+    for path in args.reuse:
+        with open(path) as f:
+            saved = json.load(f)
+        settings = saved["settings"]
+        if settings["epochs"] != args.epochs or settings["probe"] != args.probe or \
+                settings["env"] != args.env or \
+                settings.get("script_args", []) != args.script_arg:
+            raise SystemExit("--reuse %s was measured with other settings (%s); run again "
+                             "without it" % (path, settings))
+        runs.update(((r["network"], r["mode"], r["seed"]), r) for r in saved["runs"])
+    return runs
 
 
 def run_one(args, work, network, mode, seed):
@@ -359,6 +365,17 @@ def plot(table, path):
     figure.savefig(path, dpi=90)
 
 
+def portable(arg, example):
+    """`arg` as the report records it: no path of this machine (the example folder becomes
+    EXAMPLE, other paths outside the repository their file name)."""
+    if not arg.startswith(os.sep):
+        return arg
+    if os.path.abspath(arg) == example:
+        return "EXAMPLE"
+    inside = os.path.relpath(arg, REPO)
+    return os.path.basename(arg) if inside.startswith("..") else inside
+
+
 def main(argv=None):
     args = parse_args(argv)
     args.example = os.path.abspath(args.example)
@@ -369,14 +386,13 @@ def main(argv=None):
     runs = run_all(args, work)
     table = summarise(runs)
     print_table(table)
-    # The example's path is this machine's: recorded as EXAMPLE
-    command = [os.path.relpath(sys.argv[0], REPO)] + [
-        "EXAMPLE" if os.path.abspath(a) == args.example else a for a in sys.argv[1:]]
+    command = [portable(a, args.example) for a in sys.argv]
     report = {"command": " ".join(command),
               "settings": {"train_images": TRAIN_IMAGES, "val_images": VAL_IMAGES,
                            "epochs": args.epochs, "workers": 2, "servers": 1,
                            "seeds": args.seeds,
-                           "env": args.env, "probe": args.probe},
+                           "env": args.env, "script_args": args.script_arg,
+                           "probe": args.probe},
               "summary": table, "runs": runs}
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
