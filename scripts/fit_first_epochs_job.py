@@ -15,7 +15,10 @@ before fit.py's own checkpoint and score) the probe evaluates the whole validati
 Both with the worker's own BatchNorm running statistics (Module never synchronises them).
 Under dist_sync the two are the same weights. It also times the swap (W pulled in with w_t
 set aside, and w_t put back) and writes OUT/rank<r>.jsonl, one line per epoch. Afterwards
-the arrays hold what ODSGD_EVAL_WEIGHTS says, so fit.py's own score is not changed by it.
+the arrays hold what ODSGD_EVAL_WEIGHTS says, as fit.py's own score expects; the extra
+inference pass changes no weight, but it may change the rounding of a conv net's later steps
+(ResNet-20's figures moved by up to a point, dist_sync's too: docs/convergence.md), so probed
+runs are compared with probed runs.
 """
 import argparse
 import json
