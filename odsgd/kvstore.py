@@ -25,7 +25,7 @@ import copy
 import mxnet as mx
 from mxnet.kvstore import KVStoreBase
 
-from . import rates, state_files, timeline, worker_states
+from . import eval_weights, rates, state_files, timeline, worker_states
 from . import server_updater as servers
 from .agreement import WorkerAgreement
 from .config import ODSGDConfig
@@ -460,4 +460,6 @@ def load_global_weights(trainer_or_module):
         kv.pull([k for k, _ in pairs], out=[o for _, o in pairs])
     if kv.local is not None:           # training goes on from W: w_t is read from it anew
         kv.local.forget_local_weights()
+    # and the w_t an evaluation may have set aside is not put back (odsgd/eval_weights.py)
+    eval_weights.shown_weights(kv).forget()
     mx.nd.waitall()
