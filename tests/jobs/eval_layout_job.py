@@ -11,7 +11,8 @@ After the first epoch both load the newest global weights into the parameters
 must then read w_t from the parameters again, as the fallback does.
 
 Writes OUT/rank<r>.npz: the newest global weights after the last step (`global_<name>`), this
-worker's local weights after each epoch (`epoch<e>_<name>`), and what the worker ran on
+worker's parameters after each epoch as the API gives them (`epoch<e>_<name>`: for Module,
+get_params, which shows the global weights under ODSGD_EVAL_WEIGHTS=global), and what the worker ran on
 (`native_loaded`, `odsgd_native_lib`). Started through odsgd.launch."""
 import argparse
 import os
