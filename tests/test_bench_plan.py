@@ -318,7 +318,10 @@ def test_paced_worker_trains_the_tables_arrays():
     tic = time.perf_counter()
     for _ in range(3):
         step()
-    assert 0.15 <= time.perf_counter() - tic < 0.5
+    # The lower bound is the point: each step waits its compute time. The upper bound only
+    # catches a gross extra wait; it is loose because this shared 2-core machine measured
+    # 0.52 s for these 0.15 s while a study ran beside the tests.
+    assert 0.15 <= time.perf_counter() - tic < 1.5
 
 
 @pytest.mark.timeout(150)
