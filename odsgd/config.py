@@ -17,6 +17,12 @@ COMPENSATION_MODES = ("constant", "adaptive")
 #: every three; docs/convergence.md, "The estimate of the gradient sum"), and is the only one
 #: whose workers' points average to W_{t+1} exactly.
 PREDICT_ESTIMATES = ("own", "previous", "shrunk")
+#: the delay compensation (lam, compensation_mode) of 'predict' per global optimizer where
+#: neither `compensation` nor ODSGD_COMPENSATION is given: measured against dist_sync on
+#: Fashion-MNIST, full length (docs/convergence.md, "Delay compensation with NAG"): with NAG,
+#: adaptive lam = 4 closes most of the gap the 'own' estimate leaves; with SGD it did not help,
+#: so SGD keeps lam = 0 (the table's absence).
+DEFAULT_COMPENSATION = {"nag": (4.0, "adaptive")}
 #: what the parameter arrays show an inference forward between training steps
 #: (odsgd/eval_weights.py): the servers' W, or the worker's own w_t
 EVAL_WEIGHTS = ("global", "local")
@@ -150,6 +156,18 @@ class ODSGDConfig(object):
         self.fusion_elements = fusion_elements(environ)
         self.part_elements = part_elements(environ)
         self.metrics_interval = metrics_interval(environ)
+
+    def compensation_for(self, optimizer_name):
+        """(lam, compensation_mode) of the local step with global optimizer `optimizer_name`
+        (lowercase class name; None: no per-optimizer default): the given settings, or, where
+        lam was not given, DEFAULT_COMPENSATION's entry for that optimizer with the mode given
+        or its own."""
+        if self.where("compensation") != "default":
+            return self.compensation, self.compensation_mode
+        lam, mode = DEFAULT_COMPENSATION.get(optimizer_name, (0.0, self.compensation_mode))
+        if self.where("compensation_mode") != "default":
+            mode = self.compensation_mode
+        return lam, mode
 
     def where(self, name):
         """Where setting `name` came from: 'argument', 'environment' or 'default'."""

@@ -186,6 +186,9 @@ class LocalRule(object):
     """
     kind = None
     buffers = ()
+    #: whether the global optimizer's default compensation applies where none was given
+    #: (config.DEFAULT_COMPENSATION; only 'predict' was measured with it)
+    default_compensation = False
 
     def __init__(self, config, global_optimizer, num_workers):
         self.config = config
@@ -195,9 +198,17 @@ class LocalRule(object):
         # The groups whose `local` holds their parameters' values (filled, then kept by the
         # fused operator); a weak set, since groups retire when the planner re-makes them.
         self._local_known = weakref.WeakSet()
-        if config.compensation:
+        #: lam and its mode for this global optimizer (the settings, or its default)
+        self.lam, self.compensation_mode = config.compensation_for(
+            type(global_optimizer).__name__.lower() if self.default_compensation else None)
+        if self.lam and config.where("compensation") == "default":
+            logging.info("dist_odsgd: delay compensation lam=%g (%s), the default with global "
+                         "optimizer %s (docs/convergence.md); ODSGD_COMPENSATION=0 turns it "
+                         "off", self.lam, self.compensation_mode,
+                         type(global_optimizer).__name__)
+        if self.lam:
             self.buffers = self.buffers + ("local",)
-        if config.compensation and config.compensation_mode == "adaptive":
+        if self.lam and self.compensation_mode == "adaptive":
             self.buffers = self.buffers + ("var",)
 
     @classmethod
@@ -228,10 +239,9 @@ class LocalRule(object):
         lrs, wds, momentum = self.rates(step, multipliers)
         return UpdateParams(rescale_grad=self.global_optimizer.rescale_grad,
                             clip_gradient=cfg.clip_gradient if cfg.clip_gradient else -1.0,
-                            momentum=momentum, lam=cfg.compensation,
+                            momentum=momentum, lam=self.lam,
                             # v only matters where the compensation term does (lam != 0)
-                            adaptive=bool(cfg.compensation)
-                            and cfg.compensation_mode == "adaptive",
+                            adaptive=bool(self.lam) and self.compensation_mode == "adaptive",
                             beta=cfg.adaptive_beta, eps=cfg.adaptive_eps,
                             num_workers=self.num_workers, lrs=lrs, wds=wds)
 
@@ -366,6 +376,7 @@ class PredictRule(LocalRule):
     round that produced W_t in group.mom (NAG: always; SGD: for the 'previous' estimate), and
     so needs lr x wd of that round (`previous_decays`)."""
     reads_state = False
+    default_compensation = True
 
     def __init__(self, config, global_optimizer, num_workers):
         super(PredictRule, self).__init__(config, global_optimizer, num_workers)

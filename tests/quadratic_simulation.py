@@ -5,7 +5,7 @@ training late."""
 import numpy as np
 
 import od_reference as ref
-from odsgd.config import DEFAULTS
+from odsgd.config import DEFAULT_COMPENSATION, DEFAULTS
 from cluster import run_job
 from jobs import quadratic_problem as problem
 
@@ -23,7 +23,7 @@ def run(tmp_path, workers=2, servers=1, env=None, **options):
 
 def simulate(workers, steps, lr, momentum=0.0, wd=0.0, rescale=1.0 / problem.BATCH,
              warmup_steps=0, local_optimizer="predict", local_lr=None, local_momentum=0.0,
-             local_wd=0.0, compensation=0.0, compensation_mode="constant", clip=None,
+             local_wd=0.0, compensation=None, compensation_mode=None, clip=None,
              lr_at=None, lr_mults=(1.0, 1.0), wd_mults=(1.0, 1.0), lr_mults_at=None,
              trained_from=(0, 0), initial=None, optimizer="sgd", global_history=None,
              estimate=None):
@@ -45,10 +45,19 @@ def simulate(workers, steps, lr, momentum=0.0, wd=0.0, rescale=1.0 / problem.BAT
     the store's default), see `estimate_scales`. For 'previous' every worker keeps, per
     parameter, its copy of the servers' state (SGD: the last weight change, from 0 at its
     first OD step; NAG: the estimate above) and takes the previous round's sum where its
-    previous step of that parameter was an OD step whose rate was not 0."""
+    previous step of that parameter was an OD step whose rate was not 0.
+
+    compensation, compensation_mode: lam and its mode; None: the store's defaults, which for
+    'predict' depend on the global optimizer (NAG's measured default, config.py)."""
     lr_at = lr_at or (lambda t: lr)
     lr_mults_at = lr_mults_at or (lambda t: lr_mults)
     estimate = estimate or DEFAULTS["predict_estimate"]
+    # lam and its mode where none is given: the store's (config.DEFAULT_COMPENSATION applies
+    # to 'predict' with that global optimizer, as ODSGDConfig.compensation_for decides)
+    lam, mode = DEFAULT_COMPENSATION.get(optimizer, (0.0, "constant")) \
+        if local_optimizer == "predict" and compensation is None else (0.0, "constant")
+    compensation = lam if compensation is None else compensation
+    compensation_mode = compensation_mode or mode
     W = [a.copy() for a in (initial or problem.initial_weights())]
     W_prev = [a.copy() for a in W]
     mom_global = [np.zeros_like(a) for a in W]

@@ -265,6 +265,50 @@ def test_nag_predict(path, shape, lam, mode, clip):
         w, W_prev, W = expected, W, W + rng.uniform(-0.1, 0.1, shape).astype(np.float32)
 
 
+@pytest.mark.parametrize("given", [{}, {"compensation_mode": "constant"}])
+def test_nag_predict_compensates_by_default(path, given):
+    """Nothing given with the global optimizer NAG: the step is SPEC section 2's with the
+    measured default, adaptive lam = 4 (docs/convergence.md, "Delay compensation with NAG"),
+    or lam = 4 in the mode given."""
+    rng = np.random.RandomState(seed_of("nag default", sorted(given.items())))
+    mode = given.get("compensation_mode", "adaptive")
+    updater = LocalUpdater(ODSGDConfig(environ=OWN, **given), nag_global(), 3)
+    shape = (33, 5)
+    w, W, W_prev, _ = arrays(shape, rng)
+    est, v = np.zeros_like(w), np.zeros_like(w)
+    weight = mx.nd.array(w)
+    for step in range(3):
+        grad = rng.uniform(-2, 2, shape).astype(np.float32)
+        expected = ref.nag_predict_step(w, W, W_prev, grad, est, v, rescale_grad=0.25, lr=0.1,
+                                        momentum=0.9, wd=1e-3, prev_decay=0.1 * 1e-3, lam=4.0,
+                                        num_workers=3, mode=mode)
+        updater.update(0, step, weight, mx.nd.array(grad), mx.nd.array(W), mx.nd.array(W_prev))
+        np.testing.assert_allclose(weight.asnumpy(), expected, rtol=RTOL, atol=ATOL,
+                                   err_msg="step %d" % step)
+        w, W_prev, W = expected, W, W + rng.uniform(-0.1, 0.1, shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("optimizer,local,store,expected", [
+    ("sgd", "predict", {}, (0.0, "constant")),
+    ("nag", "sgd", {}, (0.0, "constant")),                 # the authors' local SGD: lam 0
+    ("nag", "predict", {"compensation": 0.0}, (0.0, "constant")),
+    ("nag", "predict", {"environ": {"ODSGD_COMPENSATION": "0"}}, (0.0, "constant")),
+    ("nag", "predict", {"compensation": 1.5}, (1.5, "constant")),
+    ("sgd", "predict", {"compensation": 2.0, "compensation_mode": "adaptive"},
+     (2.0, "adaptive"))])
+def test_compensation_default_is_per_global_optimizer(optimizer, local, store, expected):
+    """The NAG default applies to 'predict' with NAG only, and any lam given (0 too, as an
+    argument or ODSGD_COMPENSATION) wins; without lam there is no local copy to keep."""
+    global_optimizer = nag_global() if optimizer == "nag" else \
+        mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, wd=1e-3, rescale_grad=0.25)
+    store = dict(store)
+    environ = dict(OWN, **store.pop("environ", {}))
+    updater = LocalUpdater(ODSGDConfig(environ=environ, local_optimizer=local, **store),
+                           global_optimizer, 2)
+    assert (updater.rule.lam, updater.rule.compensation_mode) == expected
+    assert ("local" in updater.rule.buffers) == bool(expected[0])
+
+
 def _nag_group(rng, shapes):
     from odsgd.key_groups import KeyGroup
     weights = [mx.nd.array(rng.uniform(-1, 1, s).astype(np.float32)) for s in shapes]
@@ -289,7 +333,8 @@ def test_nag_predict_uses_the_rates_of_the_round_before(path):
     multipliers = [(0.3, 1.0), (1.0, 0.0), (0.5, 2.0)]
     optimizer = nag_global(lr=0.1, wd=0.01,
                            lr_scheduler=mx.lr_scheduler.FactorScheduler(2, 0.5, base_lr=0.1))
-    updater = LocalUpdater(ODSGDConfig(environ=OWN), optimizer, 2)   # 'predict' by default
+    # 'predict' by default; lam 0 here, the rates are the point (its default: below)
+    updater = LocalUpdater(ODSGDConfig(environ=OWN, compensation=0.0), optimizer, 2)
     group, weights = _nag_group(rng, shapes)
     w = [a.asnumpy() for a in weights]
     est = [np.zeros(s, np.float32) for s in shapes]
@@ -413,8 +458,9 @@ def test_predict_estimates(path, optimizer, estimate):
     shapes = [(3, 4), (5,), (2, 2, 2)]
     global_optimizer = nag_global(lr=0.1, wd=0.01) if optimizer == "nag" else \
         mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, wd=0.01, rescale_grad=0.25)
-    updater = LocalUpdater(ODSGDConfig(environ={"ODSGD_PREDICT_ESTIMATE": estimate}),
-                           global_optimizer, 4)
+    # lam 0 with NAG too: the estimates are the point here (NAG's default lam: above)
+    updater = LocalUpdater(ODSGDConfig(environ={"ODSGD_PREDICT_ESTIMATE": estimate},
+                                       compensation=0.0), global_optimizer, 4)
     group, weights = _nag_group(rng, shapes)
     w = [a.asnumpy() for a in weights]
     state = [np.zeros(s, np.float32) for s in shapes]
