@@ -21,8 +21,8 @@ PREDICT_ESTIMATES = ("own", "previous", "shrunk")
 #: neither `compensation` nor ODSGD_COMPENSATION is given: measured against dist_sync on
 #: Fashion-MNIST, full length (docs/convergence.md, "Delay compensation with NAG"): with NAG,
 #: adaptive lam = 4 closes most of the gap the 'own' estimate leaves (six seeds); SGD, already
-#: level with dist_sync at lam = 0, keeps it (lam = 4 was +0.12 on three seeds, which three
-#: seeds do not resolve; the table's absence).
+#: level with dist_sync at lam = 0, keeps it for now (lam = 4 was above lam = 0 on each of
+#: three seeds, +0.12 on average: a candidate for SGD's default after six seeds and 8 workers).
 DEFAULT_COMPENSATION = {"nag": (4.0, "adaptive")}
 #: what the parameter arrays show an inference forward between training steps
 #: (odsgd/eval_weights.py): the servers' W, or the worker's own w_t
