@@ -204,7 +204,8 @@ def test_sync_and_async_models_fit_the_measured_hosts_tables():
         predicted = step_model.predict_modes(link, r["workers"] * r["batch_size"], r["t_comp"],
                                              shares, cpu, [r["mode"]])[r["mode"]]
         ratios[r["mode"]].append(r["samples_per_sec"] / predicted["plan_samples_per_sec"])
-    assert len(ratios["dist_sync"]) == 6 and len(ratios["dist_async"]) == 15
+    # dist_async: 15 runs of the tables before issue 34, 7 of its re-measured 2-worker table
+    assert len(ratios["dist_sync"]) == 6 and len(ratios["dist_async"]) == 22
     assert statistics.median(ratios["dist_sync"]) == pytest.approx(1.04, abs=0.01)
     assert statistics.median(ratios["dist_async"]) == pytest.approx(1.03, abs=0.01)
     assert 0.9 < min(ratios["dist_sync"]) and max(ratios["dist_sync"]) < 1.2
