@@ -248,10 +248,16 @@ def test_nag_predict(path, shape, lam, mode, clip):
                                        compensation_mode=mode, local_optimizer_params=params),
                            nag_global(), 3)
     assert updater.nag_predict
+    _check_nag_steps(updater, shape, rng, 4, lam, mode, clip)
+
+
+def _check_nag_steps(updater, shape, rng, steps, lam, mode, clip=None):
+    """`steps` NAG 'predict' steps of `updater` (global NAG of nag_global(), 3 workers)
+    against the reference, the weights and the estimate of the servers' state after each."""
     w, W, W_prev, _ = arrays(shape, rng)
     est, v = np.zeros_like(w), np.zeros_like(w)
     weight = mx.nd.array(w)
-    for step in range(4):
+    for step in range(steps):
         grad = rng.uniform(-2, 2, shape).astype(np.float32)
         expected = ref.nag_predict_step(w, W, W_prev, grad, est, v, rescale_grad=0.25, lr=0.1,
                                         momentum=0.9, wd=1e-3, prev_decay=0.1 * 1e-3, lam=lam,
@@ -273,19 +279,7 @@ def test_nag_predict_compensates_by_default(path, given):
     rng = np.random.RandomState(seed_of("nag default", sorted(given.items())))
     mode = given.get("compensation_mode", "adaptive")
     updater = LocalUpdater(ODSGDConfig(environ=OWN, **given), nag_global(), 3)
-    shape = (33, 5)
-    w, W, W_prev, _ = arrays(shape, rng)
-    est, v = np.zeros_like(w), np.zeros_like(w)
-    weight = mx.nd.array(w)
-    for step in range(3):
-        grad = rng.uniform(-2, 2, shape).astype(np.float32)
-        expected = ref.nag_predict_step(w, W, W_prev, grad, est, v, rescale_grad=0.25, lr=0.1,
-                                        momentum=0.9, wd=1e-3, prev_decay=0.1 * 1e-3, lam=4.0,
-                                        num_workers=3, mode=mode)
-        updater.update(0, step, weight, mx.nd.array(grad), mx.nd.array(W), mx.nd.array(W_prev))
-        np.testing.assert_allclose(weight.asnumpy(), expected, rtol=RTOL, atol=ATOL,
-                                   err_msg="step %d" % step)
-        w, W_prev, W = expected, W, W + rng.uniform(-0.1, 0.1, shape).astype(np.float32)
+    _check_nag_steps(updater, (33, 5), rng, 3, 4.0, mode)
 
 
 @pytest.mark.parametrize("optimizer,local,store,expected", [
