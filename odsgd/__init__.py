@@ -8,6 +8,7 @@ See SPEC.md for the update rules and docs/ for the environment variables.
 import importlib
 import importlib.util
 import os
+import sys
 
 __version__ = "0.1.0"
 
@@ -41,10 +42,19 @@ def __getattr__(name):
     raise AttributeError("module 'odsgd' has no attribute %r" % name)
 
 
+def _launcher_process():
+    """True while `python -m odsgd.launch` locates its module: the launcher only starts
+    processes and needs no MXNet, whose import would add seconds to every job's start."""
+    argv = getattr(sys, "orig_argv", [])
+    return sys.argv[:1] == ["-m"] and "-m" in argv and \
+        argv[argv.index("-m") + 1:argv.index("-m") + 2] == ["odsgd.launch"]
+
+
 # On a server or scheduler, MXNet starts its server loop inside `import mxnet` and never
 # returns; while it runs it unpickles our ServerOptimizer, importing odsgd.server_updater.
 # Importing nothing here keeps that module from being caught half-imported there.
-if MXNET_INSTALLED and os.environ.get("DMLC_ROLE") not in ("server", "scheduler"):
+if MXNET_INSTALLED and os.environ.get("DMLC_ROLE") not in ("server", "scheduler") \
+        and not _launcher_process():
     from . import native
     native.load()
     from .kvstore import DistODSGD, StoreType, equal_steps, load_global_weights  # noqa: F401,E402

@@ -18,6 +18,7 @@ import zlib
 import mxnet as mx
 import numpy as np
 
+from . import config
 from . import server_updater as servers
 from .key_groups import CONTROL_KEY, GROUP_KEY_BASE, SIGNATURE_KEY_BASE
 
@@ -33,8 +34,6 @@ _EQUAL_STEPS_RULE = ("Every worker must make the same number of steps per epoch:
                      "epoch and make exactly n steps")
 #: seconds a probe round may complete before the control round does (message latency only)
 _PROBE_WINDOW = 10.0
-#: seconds a worker that never made a step waits at exit for the others (see _exit_round)
-IDLE_EXIT_WAIT = 30.0
 
 # Signatures (check_same): float64 [key, ndim, dtype code, dims..., 0 padding].
 _SIGNATURE_SLOTS = 3 + 8
@@ -270,7 +269,8 @@ class WorkerAgreement(object):
 
         A worker that made no step and holds no parameter key cannot probe: the others,
         if they made steps, wait in a barrier or a round for it and never reach their exit.
-        It waits IDLE_EXIT_WAIT seconds for them, then ends with the reason."""
+        It waits ODSGD_EXIT_WAIT seconds for them (config.exit_wait_seconds), then ends
+        with the reason."""
         if self._done_at_exit:
             return
         self._done_at_exit = True
@@ -280,7 +280,7 @@ class WorkerAgreement(object):
             self._end_worker(self.store.failed_step.describe())
         idle = self.store.global_step == 0 and not self._probe_groups()
         try:
-            self._control_round(_EXIT, 0, wait=IDLE_EXIT_WAIT if idle else None)
+            self._control_round(_EXIT, 0, wait=config.exit_wait_seconds() if idle else None)
         except Exception as error:  # noqa: BLE001 - reported, then the worker ends
             self._end_worker(error)
 

@@ -258,6 +258,30 @@ def _count(environ, variable, default, meaning):
     return value
 
 
+#: Default of ODSGD_EXIT_WAIT, in seconds.
+DEFAULT_EXIT_WAIT = 30.0
+
+
+def exit_wait_seconds(environ=None):
+    """Seconds a job's processes get to end by themselves (ODSGD_EXIT_WAIT, default
+    DEFAULT_EXIT_WAIT): odsgd.launch waits this long after the scheduler finished, or after
+    every worker exited while the scheduler still waits, before it ends the rest; a worker
+    that made no step waits this long at exit for the others. Read by both, so one value
+    holds for the whole job (the local launcher's processes inherit it)."""
+    environ = os.environ if environ is None else environ
+    text = (environ.get("ODSGD_EXIT_WAIT") or "").strip()
+    if not text:
+        return DEFAULT_EXIT_WAIT
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or math.isinf(value):
+        raise ValueError("ODSGD_EXIT_WAIT=%r must be a number of seconds > 0 (default %g)"
+                         % (text, DEFAULT_EXIT_WAIT))
+    return value
+
+
 #: Default of ODSGD_FUSION_ELEMENTS: small enough that a model's small parameters make several
 #: keys, not one, so that one key's pull travels while another's push does (measured in
 #: docs/design.md, "Why not pack them all into one key").

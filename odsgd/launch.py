@@ -62,6 +62,8 @@ import threading
 import time
 import warnings
 
+from . import config   # imports nothing of MXNet
+
 LOG = logging.getLogger("odsgd.launch")
 
 #: seconds between ssh keep-alive probes (3 unanswered ones end the ssh client)
@@ -79,8 +81,6 @@ ROLE_ENV_LAUNCHERS = ("local", "ssh")
 TAIL_LINES = 20
 #: seconds between SIGTERM and SIGKILL when the job is ended
 GRACE_SECONDS = 5.0
-#: seconds the processes get to exit by themselves once the scheduler has finished
-EXIT_SECONDS = 30.0
 #: What some of ps-lite's and MXNet's fatal messages mean, for the failure report.
 HINTS = (
     (re.compile(r"vals->size\(\) == total_val"),
@@ -142,6 +142,8 @@ class Job(object):
         self.failed_at = None                # time.time() of the first failure
         self._ending = False
         self._role_counts = collections.Counter()
+        #: seconds the processes get to end by themselves (ODSGD_EXIT_WAIT, set by main)
+        self.exit_wait = config.DEFAULT_EXIT_WAIT
 
     @property
     def failure(self):
@@ -414,7 +416,7 @@ def _wait_for_scheduler(deadline, link_watch=None):
                 raise JobFailed(lost)
             if deadline is not None and time.time() > deadline:
                 raise JobFailed("the job ran past --job-timeout")
-            stranded = JOB.workers_gone(EXIT_SECONDS)
+            stranded = JOB.workers_gone(JOB.exit_wait)
             if stranded is not None:
                 raise JobFailed(stranded)
             tracker.thread.join(0.2)
@@ -682,8 +684,15 @@ def main(argv=None):
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         print("\nOwn option: --job-timeout SECONDS  end the whole job after this long.\n"
-              "launch.py's options follow:\n")
+              "ODSGD_EXIT_WAIT=SECONDS (default %g): how long the processes get to end by "
+              "themselves once the scheduler finished (docs/env.md).\n"
+              "launch.py's options follow:\n" % config.DEFAULT_EXIT_WAIT)
+        argv = ["--launcher", "local", "--help"]   # launch.py's own help; starts nothing
     own, launcher, rest = parse_own_options(argv)
+    try:
+        JOB.exit_wait = config.exit_wait_seconds()
+    except ValueError as error:
+        raise SystemExit("odsgd.launch: %s" % error)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", level=logging.INFO)
     deadline = time.time() + own.job_timeout if own.job_timeout else None
     if launcher == "ssh" and not own.hostfile:
@@ -704,7 +713,7 @@ def main(argv=None):
         runpy.run_path(script, run_name="__main__")
         # The scheduler is done; the others finish exiting by themselves (their exit codes
         # still count) before anything left is ended.
-        wait = EXIT_SECONDS if deadline is None else min(EXIT_SECONDS, deadline - time.time())
+        wait = JOB.exit_wait if deadline is None else min(JOB.exit_wait, deadline - time.time())
         if not JOB.wait_for_exit(max(wait, 0.0)) and JOB.failure is None:
             raise JobFailed("%s still running %.0f s after the scheduler finished"
                             % (", ".join(r.label for r in JOB.running()), wait))
@@ -734,8 +743,9 @@ def main(argv=None):
 
 
 def exit_now(code):
-    """Exits at once with `code`, its output flushed. `python -m odsgd.launch` imports the
-    odsgd package, and with it MXNet, whose shutdown at a normal exit took 0.5-2 s on a busy
+    """Exits at once with `code`, its output flushed. Run as `python -m odsgd.launch` the
+    launcher does not import MXNet (odsgd/__init__.py), but imported from Python
+    (`odsgd.launch.main`) it has, and MXNet's shutdown at a normal exit took 0.5-2 s on a busy
     2-core machine (the fault sweep of docs/reliability.md: Ctrl-C ended the job in 0.1 s and
     the launcher exited 2.1 s later). The launcher ran nothing of MXNet, and by now every
     process of its job has exited or been ended: there is nothing for that shutdown to do."""

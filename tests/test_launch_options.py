@@ -109,3 +109,31 @@ def test_local_launcher_gives_each_role_its_values(tmp_path):
                          timeout=150)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert read_records(tmp_path) == EXPECTED_BY_ROLE
+
+
+def test_the_launcher_imports_no_mxnet():
+    """`python -m odsgd.launch` only starts processes: importing MXNet there (the package's
+    __init__ does in a training process) added about 2 s of one core to every job's start."""
+    run = subprocess.run([sys.executable, "-X", "importtime", "-m", "odsgd.launch", "--help"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Own option: --job-timeout" in run.stdout
+    assert "--launcher" in run.stdout                        # launch.py's own help follows
+    imported = [line.split("|")[-1].strip() for line in run.stderr.splitlines()
+                if line.startswith("import time:")]
+    assert "odsgd" in imported and "odsgd.config" in imported     # the package is imported
+    assert not [name for name in imported if name.split(".")[0] == "mxnet"]
+
+
+def test_exit_wait_is_read_once_for_the_whole_job():
+    from odsgd import config
+    assert config.exit_wait_seconds({}) == config.DEFAULT_EXIT_WAIT == 30.0
+    assert config.exit_wait_seconds({"ODSGD_EXIT_WAIT": " 2.5 "}) == 2.5
+    for bad in ("0", "-1", "x", "inf", "nan"):
+        with pytest.raises(ValueError, match="ODSGD_EXIT_WAIT=.*seconds > 0"):
+            config.exit_wait_seconds({"ODSGD_EXIT_WAIT": bad})
+    run = subprocess.run([sys.executable, "-m", "odsgd.launch", "-n", "1", "--launcher",
+                          "local", "true"], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, ODSGD_EXIT_WAIT="soon"))
+    assert run.returncode != 0
+    assert "odsgd.launch: ODSGD_EXIT_WAIT='soon' must be a number of seconds > 0" in run.stderr
