@@ -10,6 +10,11 @@ module changes, in this process only:
   calls it in the scheduler's join loop and dies without it, leaving the job running).
 * The scheduler's port is one the kernel picks as free (dmlc_tracker takes the first free
   one from 9091, which two jobs started together on one machine both take).
+* The scheduler is odsgd/ps_scheduler.py, not the training command: MXNet runs its scheduler
+  inside `import mxnet` and exits there, so the command never got further, and that import
+  cost 2 s of one core while every other process of the job was starting too. The command
+  stays on the scheduler's command line (`--job '...'`), so `ps` shows whose it is.
+* The launcher itself imports nothing of MXNet (odsgd/__init__.py).
 * With `--launcher local` every process talks over loopback: the tracker's host address and
   ps-lite's node address (DMLC_NODE_HOST) are 127.0.0.1, so a machine (or network namespace)
   with no other interface works.
@@ -425,15 +430,25 @@ def _wait_for_scheduler(deadline, link_watch=None):
     return join
 
 
-def _on_free_port(tracker_init):
-    """PSTracker.__init__ with the scheduler's port picked by the kernel. dmlc_tracker takes
-    the first free port from 9091 on, so two jobs started on one machine at about the same
-    time get the same port and one scheduler dies with "bind failed"."""
+#: what runs as the job's scheduler in place of the training command (odsgd/ps_scheduler.py)
+SCHEDULER_COMMAND = " ".join(shlex.quote(part) for part in (
+    sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ps_scheduler.py")))
+
+
+def _scheduler_init(tracker_init):
+    """PSTracker.__init__ with the scheduler's port picked by the kernel, running
+    odsgd/ps_scheduler.py. dmlc_tracker takes the first free port from 9091 on, so two jobs
+    started on one machine at about the same time get the same port and one scheduler dies
+    with "bind failed". And it runs the training command as the scheduler, which only gets as
+    far as `import mxnet` (MXNet runs the scheduler inside it and exits): ps_scheduler makes
+    the same calls without the 2 s of that import (see there)."""
     def init(self, hostIP, cmd, port=9091, port_end=9999, envs=None):
         import socket
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             probe.bind(("", 0))
             port = probe.getsockname()[1]
+        if cmd is not None:   # the training command rides along: `ps` shows whose it is
+            cmd = "%s --job %s" % (SCHEDULER_COMMAND, shlex.quote(cmd))
         tracker_init(self, hostIP, cmd, port=port, port_end=port + 100, envs=envs)
     return init
 
@@ -585,7 +600,7 @@ def _mend_dmlc_tracker(launcher, deadline, hostfile=None, role_env=None):
     if link_watch is not None:
         tracker.get_host_ip = lambda host_ip=None: link_watch.address
     tracker.PSTracker.join = _wait_for_scheduler(deadline, link_watch)
-    tracker.PSTracker.__init__ = _on_free_port(tracker.PSTracker.__init__)
+    tracker.PSTracker.__init__ = _scheduler_init(tracker.PSTracker.__init__)
     if launcher == "local":
         from dmlc_tracker import local
         os.environ.setdefault("DMLC_NODE_HOST", "127.0.0.1")

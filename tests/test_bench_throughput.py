@@ -9,7 +9,7 @@ from odsgd.bench.throughput_job import mlp_parameter_count
 
 pytestmark = pytest.mark.timeout(400)
 
-HIDDEN, WORKERS, BANDWIDTH = 128, 2, 100
+HIDDEN, WORKERS, BANDWIDTH = 128, 2, 200
 M = 10 ** 6                        # bytes of parameters, for the closed forms below
 B_MBIT = 1000                      # R = 125e6 bytes/s: M takes 8 ms on one queue
 
@@ -208,7 +208,7 @@ def test_throughput_benchmark_tiny(tmp_path):
     out = tmp_path / "tp.json"
     command = [sys.executable, "-m", "odsgd.bench", "throughput", "--mlp-hidden", HIDDEN,
                "--batch-size", 16, "--workers", WORKERS, "--bandwidth-mbit", "0,%d" % BANDWIDTH,
-               "--steps", 16, "--skip", 2, "--repeats", 1, "--warmup-steps", 1, "--overlap-interval", 2, "--json", out, "--timeout", 150]
+               "--steps", 10, "--skip", 2, "--repeats", 1, "--warmup-steps", 1, "--overlap-interval", 2, "--json", out, "--timeout", 150]
     process = subprocess.Popen([str(c) for c in command], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     try:

@@ -19,7 +19,8 @@ ROLES_JOB = os.path.join(REPO, "tests", "jobs", "roles_job.py")
 
 #: what each role must see of EMU_ROLE_VALUE and OMP_NUM_THREADS when the launcher runs with
 #: EMU_ROLE_VALUE=LAUNCHER_VALUE and OMP_NUM_THREADS=1 and ROLE_OPTIONS (shared with
-#: tests/test_emulated_cluster.py): the scheduler gets neither role's values
+#: tests/test_emulated_cluster.py). No record of the scheduler: it is odsgd/ps_scheduler.py,
+#: which runs nothing of the training command.
 SERVER_VALUE = 'server: "quoted" $HOME `true` \\ end'
 WORKER_VALUE = "worker:1 with spaces"
 LAUNCHER_VALUE = "the launcher's own"
@@ -27,7 +28,6 @@ ROLE_OPTIONS = ["--env-server", "EMU_ROLE_VALUE:" + SERVER_VALUE,
                 "--env-worker", "EMU_ROLE_VALUE:" + WORKER_VALUE,
                 "--env-worker", "OMP_NUM_THREADS:2"]
 EXPECTED_BY_ROLE = {
-    "scheduler": [{"EMU_ROLE_VALUE": LAUNCHER_VALUE, "OMP_NUM_THREADS": "1"}],
     "server": [{"EMU_ROLE_VALUE": SERVER_VALUE, "OMP_NUM_THREADS": "1"}],
     "worker": [{"EMU_ROLE_VALUE": WORKER_VALUE, "OMP_NUM_THREADS": "2"}] * 2,
 }
@@ -137,3 +137,23 @@ def test_exit_wait_is_read_once_for_the_whole_job():
                          env=dict(os.environ, ODSGD_EXIT_WAIT="soon"))
     assert run.returncode != 0
     assert "odsgd.launch: ODSGD_EXIT_WAIT='soon' must be a number of seconds > 0" in run.stderr
+
+
+def test_the_scheduler_stands_in_for_the_command_only_as_a_scheduler(tmp_path):
+    from odsgd import ps_scheduler
+    script = ps_scheduler.__file__
+    env = dict(os.environ, DMLC_ROLE="worker")
+    run = subprocess.run([sys.executable, script, "--job", "python train.py"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0
+    assert "runs as a job's scheduler only (DMLC_ROLE is 'worker'" in run.stderr
+    run = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode != 0 and "usage: ps_scheduler.py --job" in run.stderr
+    # MXNET_LIBRARY_PATH first, as MXNet's own loader; else the package's libmxnet.so
+    lib = tmp_path / "libmxnet.so"
+    lib.write_bytes(b"")
+    assert ps_scheduler.library_path({"MXNET_LIBRARY_PATH": str(lib)}) == str(lib)
+    import importlib.util
+    package = list(importlib.util.find_spec("mxnet").submodule_search_locations)[0]
+    assert ps_scheduler.library_path({}) == os.path.join(package, "libmxnet.so")

@@ -228,6 +228,11 @@ def test_killed_launcher_takes_its_job_along(live_jobs):
     job.wait_for(r"^\[worker 1\] step 3 ")
     children = job.pids()
     assert len(children) == 4, children
+    # the scheduler is odsgd/ps_scheduler.py, the training command (with its tag) beside it
+    with open("/proc/%d/cmdline" % children["scheduler"], "rb") as f:
+        scheduler = f.read().decode().split("\0")
+    assert scheduler[1].endswith(os.path.join("odsgd", "ps_scheduler.py")), scheduler
+    assert scheduler[2] == "--job" and "fault_job.py" in scheduler[3] and job.tag in scheduler[3]
     os.kill(job.process.pid, signal.SIGKILL)
     job.finish(timeout=10)
     assert_no_leftovers(job)
