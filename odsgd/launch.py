@@ -54,7 +54,6 @@ import argparse
 import collections
 import ctypes
 import functools
-import importlib.util
 import logging
 import os
 import re
@@ -68,6 +67,7 @@ import time
 import warnings
 
 from . import config   # imports nothing of MXNet
+from .ps_scheduler import mxnet_package_file   # neither
 
 LOG = logging.getLogger("odsgd.launch")
 
@@ -455,14 +455,7 @@ def _scheduler_init(tracker_init):
 
 def mxnet_launch_script():
     """Path of the installed MXNet's tools/launch.py (found without importing mxnet)."""
-    spec = importlib.util.find_spec("mxnet")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("odsgd.launch: mxnet is not installed in this Python (%s); run "
-                         "`make install`" % sys.executable)
-    path = os.path.join(list(spec.submodule_search_locations)[0], "tools", "launch.py")
-    if not os.path.exists(path):
-        raise SystemExit("odsgd.launch: %s is missing from the mxnet package" % path)
-    return path
+    return mxnet_package_file("tools", "launch.py", who="odsgd.launch")
 
 
 class LinkWatch(object):

@@ -25,21 +25,28 @@ import sys
 _CONTROLLER = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 
 
+def mxnet_package_file(*parts, who="odsgd.ps_scheduler"):
+    """Path of a file of the installed mxnet package, found without importing it (the
+    import is what this module and odsgd.launch avoid); SystemExit naming `who` when mxnet
+    or the file is missing."""
+    spec = importlib.util.find_spec("mxnet")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("%s: mxnet is not installed in this Python (%s); run `make install`"
+                         % (who, sys.executable))
+    path = os.path.join(list(spec.submodule_search_locations)[0], *parts)
+    if not os.path.isfile(path):
+        raise SystemExit("%s: %s is missing from the mxnet package" % (who, path))
+    return path
+
+
 def library_path(environ=None):
     """libmxnet of the installed mxnet package (MXNET_LIBRARY_PATH first, as
-    mxnet.libinfo.find_lib_path), found without importing the package."""
+    mxnet.libinfo.find_lib_path)."""
     environ = os.environ if environ is None else environ
     given = environ.get("MXNET_LIBRARY_PATH")
     if given and os.path.isfile(given):
         return given
-    spec = importlib.util.find_spec("mxnet")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("odsgd.ps_scheduler: mxnet is not installed in this Python (%s)"
-                         % sys.executable)
-    path = os.path.join(list(spec.submodule_search_locations)[0], "libmxnet.so")
-    if not os.path.isfile(path):
-        raise SystemExit("odsgd.ps_scheduler: %s is missing from the mxnet package" % path)
-    return path
+    return mxnet_package_file("libmxnet.so")
 
 
 def _check(lib, code, call):
