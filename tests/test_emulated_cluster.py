@@ -465,3 +465,6 @@ def test_throughput_benchmark_on_emulated_hosts(tmp_path):
     for r in runs:
         assert r["topology"] == "hosts" and r["samples_per_sec"] > 0
         assert r["wire_seconds"] == pytest.approx(2 * r["parameter_bytes"] * 8 / (MBIT * 1e6))
+        # the job's TCP and queue counters per step: segments went out, nothing negative
+        assert r["tcp_per_step"]["segments_sent"] > 0 and min(r["tcp_per_step"].values()) >= 0
+        assert len(r["tcp_per_step_all"]) == 1

@@ -440,3 +440,7 @@ def test_bench_timeline_on_hosts_records_the_server_nic(tmp_path):
     assert window_ms / 4 >= 0.95 * 1e3 * step_bytes / (200e6 / 8)
     assert nic["rates"][0][0] == 0.0 and nic["rates"][-1][1] == pytest.approx(window_ms)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # TCP's and the shapers' counters of the job, per step: segments went out, none negative
+    tcp = json.loads(data.read_text())["modes"]["dist_odsgd"]["tcp_per_step"]
+    assert tcp["segments_sent"] > 0 and min(tcp.values()) >= 0
+    assert "dist_odsgd  TCP per step:" in output

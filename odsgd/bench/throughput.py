@@ -43,7 +43,7 @@ import sys
 import tempfile
 import time
 
-from . import device_profiles
+from . import device_profiles, tcp_counters
 from .cpu_meter import JobCPUMeter
 from .jobs import (TOPOLOGIES, TOPOLOGY_HELP, JobFailed, job_environment, job_placement,
                    link_bytes_per_sec, link_step_seconds, run_job, step_wire_bytes)
@@ -195,15 +195,23 @@ def measure_comm(args, place):
         return max(r["t_comm"] for r in _read_ranks(out, args.workers))
 
 
-def measure_mode(args, mode, place):
+def measure_mode(args, mode, place, tcp=None):
     """(samples/s of the whole job, dist_odsgd overlap summaries or None, {role: cores in
-    use during the timed window}, the resolution of that figure in cores)."""
+    use during the timed window}, the resolution of that figure in cores). With `tcp` (a
+    list) on emulated hosts, the job's TCP and queue counters per step
+    (odsgd.bench.tcp_counters) are appended to it."""
     meter = JobCPUMeter()
+    cluster = place.get("hosts")
+    before = tcp_counters.snapshot(cluster) if tcp is not None and cluster else None
     with tempfile.TemporaryDirectory() as out, meter:
         env = dict(_env(args, mode), **meter.environment)
         run_job(_job_args(args, out, kvstore=mode), args.workers, args.servers, args.timeout,
                 env=env, stall_timeout=args.stall_timeout, **place)
         ranks = _read_ranks(out, args.workers)
+    if before is not None:
+        tcp.append(tcp_counters.per_step(
+            tcp_counters.difference(before, tcp_counters.snapshot(cluster)),
+            args.skip + args.steps))
     cores = window_cores(meter, ranks)
     overlap = [r["overlap"] for r in ranks if "overlap" in r]
     return (sum(r["samples_per_sec"] for r in ranks), overlap or None, cores,
@@ -258,6 +266,7 @@ def run(args):
         samples = {mode: [] for mode in args.mode_list}
         cores = {mode: [] for mode in args.mode_list}
         resolutions = {mode: [] for mode in args.mode_list}
+        tcp = {mode: [] for mode in args.mode_list}
         overlaps = []
         with job_placement(args.topology, shaped_mbit(args, bandwidth), args.workers,
                            args.servers) as place:
@@ -269,7 +278,8 @@ def run(args):
                     args.mode_list[:repeat % len(args.mode_list)]
                 for mode in order:
                     tic = time.time()
-                    rate, overlap, used, resolution = measure_mode(args, mode, place)
+                    rate, overlap, used, resolution = measure_mode(args, mode, place,
+                                                                   tcp[mode])
                     samples[mode].append(rate)
                     cores[mode].append(used)
                     resolutions[mode].append(resolution)
@@ -278,8 +288,12 @@ def run(args):
                     print("[%s] repeat %d/%d  %-10s %8.1f samples/s  %.2f cores  (%.0f s)"
                           % (_bw(bandwidth), repeat + 1, args.repeats, mode, rate,
                              sum(used.values()), time.time() - tic), flush=True)
+                    if tcp[mode]:
+                        print("[%s]   %s" % (_bw(bandwidth),
+                                             tcp_counters.summary_line(tcp[mode][-1])),
+                              flush=True)
         runs.extend(_summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores,
-                               resolutions))
+                               resolutions, tcp))
     return runs
 
 
@@ -420,7 +434,8 @@ def _entry(args, mode, bandwidth, rates, t_comp, t_comm):
             "ideal_samples_per_sec": per_step / max(t_comp, t_comm)}
 
 
-def _summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores, resolutions=None):
+def _summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores, resolutions=None,
+               tcp=None):
     per_step = args.workers * args.batch_size
     shaped = shaped_mbit(args, bandwidth)
     sizes = compute.get("parameter_sizes")
@@ -439,6 +454,11 @@ def _summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores, resol
         known = [r for r in (resolutions or {}).get(mode, []) if r is not None]
         entry["cores_resolution"] = statistics.median(known) if known else None
         entry.update(plan_fields(entry, per_step, shaped, sizes, environ))
+        if (tcp or {}).get(mode):
+            # per step of one worker, each counter's median over the repeats, and every repeat's
+            entry["tcp_per_step"] = {key: statistics.median(r[key] for r in tcp[mode])
+                                     for key in tcp[mode][0]}
+            entry["tcp_per_step_all"] = tcp[mode]
         if mode == "dist_odsgd":
             if sizes:
                 entry["largest_key_share"] = mode_shares(sizes, args.servers,

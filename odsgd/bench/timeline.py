@@ -13,7 +13,9 @@ link that stood idle. docs/benchmarks.md, "Timeline", says how to read it.
 On --topology hosts it also records the first server's NIC (odsgd.bench.nic_meter: its byte
 counters every 3 ms, on the traces' clock): it prints per mode the share of the window in
 which each direction of that NIC was busy (above half the link's rate) and both at once, and
-draws its rate in and out in two rows under the workers' rows.
+draws its rate in and out in two rows under the workers' rows; and per mode what TCP and the
+shaped queues did in the job (odsgd.bench.tcp_counters: retransmissions, retransmission
+timeouts, drops, per step), which the byte counters do not show.
 
 A `pushpull` event (one request that pushes a gradient and brings the new weights back:
 Gluon's Trainer under dist_sync and dist_async, or a store's kv.pushpull) cannot be split
@@ -28,7 +30,7 @@ import time
 
 from .. import timeline as tl
 from ..emulate import EmulationError
-from . import nic_meter
+from . import nic_meter, tcp_counters
 from .jobs import TOPOLOGIES, TOPOLOGY_HELP, JobFailed, job_placement, run_job
 from .throughput import MODES, _env, _job_args
 from .throughput_job import MODEL_HELP, mlp_parameter_count
@@ -200,8 +202,14 @@ def run(args, folder):
                   flush=True)
             tic = time.time()
             nic = [] if args.topology == "hosts" else None
+            cluster = place.get("hosts")
+            before = tcp_counters.snapshot(cluster) if cluster else None
             traces = record_mode(args, mode, place, folder, nic)
             results[mode] = summarise(args, traces, nic)
+            if before is not None:
+                results[mode]["tcp_per_step"] = tcp_counters.per_step(
+                    tcp_counters.difference(before, tcp_counters.snapshot(cluster)),
+                    args.skip + args.steps)
             print("[timeline] %-10s done in %.0f s: %s events recorded, mean step %.1f ms"
                   % (mode, time.time() - tic, " + ".join(str(len(t)) for t in traces),
                      results[mode]["mean_step_ms"]), flush=True)
@@ -238,6 +246,9 @@ def print_table(args, results):
     for mode, result in results.items():
         if "server_nic" in result:
             print("%-11s %s" % (mode, nic_meter.summary_line(result["server_nic"])))
+    for mode, result in results.items():
+        if "tcp_per_step" in result:
+            print("%-11s TCP %s" % (mode, tcp_counters.summary_line(result["tcp_per_step"])))
     together = [mode for mode, result in results.items()
                 if any(e["kind"] == "pushpull" for r in result["ranks"] for e in r["events"])]
     if together:
