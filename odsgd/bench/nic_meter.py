@@ -84,6 +84,23 @@ class ServerNICMeter:
                 return
 
 
+def server_nic_meter(place, label):
+    """A ServerNICMeter on the first server's host where a job runs on emulated hosts
+    (`place`, odsgd.bench.jobs.job_placement's; None elsewhere, or where its counters cannot
+    be read: then a line starting with [label] says so)."""
+    cluster = place.get("hosts")
+    if cluster is None:
+        return None
+    host = cluster.hosts[0]
+    try:
+        pid = namespace_pid(host.netns)
+        read_counters(pid, host.interface)        # readable: else a note, no meter
+        return ServerNICMeter(pid, interface=host.interface)
+    except (OSError, ValueError) as error:
+        print("[%s] no server NIC figures: %s" % (label, error), flush=True)
+        return None
+
+
 def rates(samples):
     """[(start, end, in bytes/s, out bytes/s)] between consecutive samples (time, rx, tx):
     the rate of each interval, constant within it."""

@@ -36,6 +36,7 @@ Writes a table to the console, --json FILE (key "runs", one entry per mode and b
 a PNG plot beside it.
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -43,7 +44,7 @@ import sys
 import tempfile
 import time
 
-from . import device_profiles, tcp_counters
+from . import device_profiles, nic_meter, tcp_counters
 from .cpu_meter import JobCPUMeter
 from .jobs import (TOPOLOGIES, TOPOLOGY_HELP, JobFailed, job_environment, job_placement,
                    link_bytes_per_sec, link_step_seconds, run_job, step_wire_bytes)
@@ -195,23 +196,29 @@ def measure_comm(args, place):
         return max(r["t_comm"] for r in _read_ranks(out, args.workers))
 
 
-def measure_mode(args, mode, place, tcp=None):
+def measure_mode(args, mode, place, hosts=None):
     """(samples/s of the whole job, dist_odsgd overlap summaries or None, {role: cores in
-    use during the timed window}, the resolution of that figure in cores). With `tcp` (a
-    list) on emulated hosts, the job's TCP and queue counters per step
-    (odsgd.bench.tcp_counters) are appended to it."""
+    use during the timed window}, the resolution of that figure in cores). With `hosts` (a
+    list) on emulated hosts, what the link did in the job is appended to it: TCP's and the
+    queues' counters per step (`tcp_per_step`, odsgd.bench.tcp_counters) and the first
+    server's NIC over the timed window (`server_nic`, odsgd.bench.nic_meter.nic_summary)."""
     meter = JobCPUMeter()
-    cluster = place.get("hosts")
-    before = tcp_counters.snapshot(cluster) if tcp is not None and cluster else None
-    with tempfile.TemporaryDirectory() as out, meter:
+    cluster = place.get("hosts") if hosts is not None else None
+    before = tcp_counters.snapshot(cluster) if cluster else None
+    nic = nic_meter.server_nic_meter(place, "throughput") if cluster else None
+    with tempfile.TemporaryDirectory() as out, meter, nic or contextlib.nullcontext():
         env = dict(_env(args, mode), **meter.environment)
         run_job(_job_args(args, out, kvstore=mode), args.workers, args.servers, args.timeout,
                 env=env, stall_timeout=args.stall_timeout, **place)
         ranks = _read_ranks(out, args.workers)
-    if before is not None:
-        tcp.append(tcp_counters.per_step(
+    if cluster:
+        counts = {"tcp_per_step": tcp_counters.per_step(
             tcp_counters.difference(before, tcp_counters.snapshot(cluster)),
-            args.skip + args.steps))
+            args.skip + args.steps)}
+        if nic is not None and len(nic.samples) >= 2:
+            counts["server_nic"] = nic_meter.nic_summary(nic.samples, cluster.mbit,
+                                                         *_common_window(ranks))
+        hosts.append(counts)
     cores = window_cores(meter, ranks)
     overlap = [r["overlap"] for r in ranks if "overlap" in r]
     return (sum(r["samples_per_sec"] for r in ranks), overlap or None, cores,
@@ -266,7 +273,7 @@ def run(args):
         samples = {mode: [] for mode in args.mode_list}
         cores = {mode: [] for mode in args.mode_list}
         resolutions = {mode: [] for mode in args.mode_list}
-        tcp = {mode: [] for mode in args.mode_list}
+        hosts = {mode: [] for mode in args.mode_list}
         overlaps = []
         with job_placement(args.topology, shaped_mbit(args, bandwidth), args.workers,
                            args.servers) as place:
@@ -279,7 +286,7 @@ def run(args):
                 for mode in order:
                     tic = time.time()
                     rate, overlap, used, resolution = measure_mode(args, mode, place,
-                                                                   tcp[mode])
+                                                                   hosts[mode])
                     samples[mode].append(rate)
                     cores[mode].append(used)
                     resolutions[mode].append(resolution)
@@ -288,12 +295,14 @@ def run(args):
                     print("[%s] repeat %d/%d  %-10s %8.1f samples/s  %.2f cores  (%.0f s)"
                           % (_bw(bandwidth), repeat + 1, args.repeats, mode, rate,
                              sum(used.values()), time.time() - tic), flush=True)
-                    if tcp[mode]:
-                        print("[%s]   %s" % (_bw(bandwidth),
-                                             tcp_counters.summary_line(tcp[mode][-1])),
-                              flush=True)
+                    for counts in hosts[mode][-1:]:
+                        print("[%s]   TCP %s" % (_bw(bandwidth), tcp_counters.summary_line(
+                            counts["tcp_per_step"])), flush=True)
+                        if "server_nic" in counts:
+                            print("[%s]   %s" % (_bw(bandwidth), nic_meter.summary_line(
+                                counts["server_nic"])), flush=True)
         runs.extend(_summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores,
-                               resolutions, tcp))
+                               resolutions, hosts))
     return runs
 
 
@@ -435,7 +444,7 @@ def _entry(args, mode, bandwidth, rates, t_comp, t_comm):
 
 
 def _summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores, resolutions=None,
-               tcp=None):
+               hosts=None):
     per_step = args.workers * args.batch_size
     shaped = shaped_mbit(args, bandwidth)
     sizes = compute.get("parameter_sizes")
@@ -454,11 +463,7 @@ def _summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores, resol
         known = [r for r in (resolutions or {}).get(mode, []) if r is not None]
         entry["cores_resolution"] = statistics.median(known) if known else None
         entry.update(plan_fields(entry, per_step, shaped, sizes, environ))
-        if (tcp or {}).get(mode):
-            # per step of one worker, each counter's median over the repeats, and every repeat's
-            entry["tcp_per_step"] = {key: statistics.median(r[key] for r in tcp[mode])
-                                     for key in tcp[mode][0]}
-            entry["tcp_per_step_all"] = tcp[mode]
+        entry.update(hosts_fields((hosts or {}).get(mode)))
         if mode == "dist_odsgd":
             if sizes:
                 entry["largest_key_share"] = mode_shares(sizes, args.servers,
@@ -467,6 +472,22 @@ def _summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores, resol
             entry.update(_overlap_fields(overlaps, t_comm))
         runs.append(entry)
     return runs
+
+
+def hosts_fields(repeats):
+    """What the link did, over the repeats of one mode on emulated hosts (measure_mode's
+    `hosts`): each field's median (tcp_per_step, server_nic) and every repeat's
+    (hosts_all); {} elsewhere."""
+    if not repeats:
+        return {}
+    fields = {"hosts_all": repeats}
+    for name in ("tcp_per_step", "server_nic"):
+        known = [r[name] for r in repeats if name in r]
+        if known:
+            fields[name] = {key: (statistics.median(k[key] for k in known)
+                                  if isinstance(known[0][key], (int, float)) else known[0][key])
+                            for key in known[0]}
+    return fields
 
 
 def _overlap_fields(overlaps, t_comm):

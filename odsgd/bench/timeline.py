@@ -112,7 +112,7 @@ def record_mode(args, mode, place, folder, nic=None):
     os.makedirs(out, exist_ok=True)
     trace = os.path.join(out, "trace.json")
     env = dict(_env(args, mode), ODSGD_TIMELINE=trace)
-    meter = server_nic_meter(place) if nic is not None else None
+    meter = nic_meter.server_nic_meter(place, "timeline") if nic is not None else None
     if meter is None:
         run_job(_job_args(args, out, kvstore=mode), args.workers, args.servers, args.timeout,
                 env=env, stall_timeout=args.stall_timeout, **place)
@@ -128,22 +128,6 @@ def record_mode(args, mode, place, folder, nic=None):
             raise JobFailed("worker %d of the %s job wrote no trace (%s)" % (rank, mode, path))
         traces.append(tl.read_trace(path))
     return traces
-
-
-def server_nic_meter(place):
-    """A ServerNICMeter on the first server's host where the job runs on emulated hosts
-    (None elsewhere, or where its counters cannot be read: then a note says so)."""
-    cluster = place.get("hosts")
-    if cluster is None:
-        return None
-    host = cluster.hosts[0]
-    try:
-        pid = nic_meter.namespace_pid(host.netns)
-        nic_meter.read_counters(pid, host.interface)        # readable: else a note, no meter
-        return nic_meter.ServerNICMeter(pid, interface=host.interface)
-    except (OSError, ValueError) as error:
-        print("[timeline] no server NIC figures: %s" % error, flush=True)
-        return None
 
 
 def summarise(args, traces, nic=None):
