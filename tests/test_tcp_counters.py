@@ -53,14 +53,9 @@ def test_per_step_and_summary_line():
     assert "1.00 retransmission timeouts" in tcp_counters.summary_line(steps)
 
 
-def test_unpaired_proc_lines_are_refused(tmp_path, monkeypatch):
-    real_open = open
-
-    def fake_open(path, *args, **kwargs):
-        if str(path).endswith("/net/snmp"):
-            path = tmp_path / "snmp"
-        return real_open(path, *args, **kwargs)
-    (tmp_path / "snmp").write_text("Tcp: A B\nUdp: 1 2\n")
-    monkeypatch.setattr("builtins.open", fake_open)
+def test_proc_counters_are_read_by_section_and_unpaired_lines_refused():
+    text = "Ip: Forwarding InReceives\nIp: 2 17\nTcp: OutSegs RetransSegs\nTcp: 40 3\n"
+    assert tcp_counters.parse_proc_counters(text) == {
+        "Ip": {"Forwarding": 2, "InReceives": 17}, "Tcp": {"OutSegs": 40, "RetransSegs": 3}}
     with pytest.raises(ValueError, match="unpaired"):
-        tcp_counters.read_proc_counters(os.getpid(), "snmp")
+        tcp_counters.parse_proc_counters("Tcp: A B\nUdp: 1 2\n")

@@ -11,8 +11,10 @@ process that lives there), and each shaped queue (`tc -s qdisc`) counts its drop
 host's side of its veth what the host sends, on the switch's side what it receives
 (odsgd/emulate.py).
 
-`snapshot(cluster)` before and after a job, `difference(before, after)` between them.
+`counting(cluster, steps)` around a job: `snapshot(cluster)` before and after it, the
+difference per step.
 """
+import contextlib
 import subprocess
 
 from .nic_meter import namespace_pid
@@ -24,16 +26,15 @@ TCP_COUNTERS = (("snmp", "Tcp", "OutSegs", "segments_sent"),
                 ("netstat", "TcpExt", "TCPLossProbes", "tail_loss_probes"))
 
 
-def read_proc_counters(pid, name):
-    """{section: {counter: value}} of /proc/<pid>/net/<name> (snmp or netstat), whose
+def parse_proc_counters(text):
+    """{section: {counter: value}} of the text of /proc/net/snmp or /proc/net/netstat, whose
     sections are pairs of lines: `Section: names...` then `Section: values...`."""
-    with open("/proc/%d/net/%s" % (pid, name)) as f:
-        lines = [line.split() for line in f if line.strip()]
+    lines = [line.split() for line in text.splitlines() if line.strip()]
     sections = {}
     for names, values in zip(lines[::2], lines[1::2]):
         section = names[0].rstrip(":")
         if values[0].rstrip(":") != section:
-            raise ValueError("/proc/%d/net/%s: unpaired lines of %s" % (pid, name, section))
+            raise ValueError("unpaired lines of %s in a /proc/net counters file" % section)
         sections[section] = {key: int(value) for key, value in zip(names[1:], values[1:])}
     return sections
 
@@ -44,7 +45,8 @@ def tcp_counters(pid):
     result = {}
     for name, section, counter, ours in TCP_COUNTERS:
         if name not in files:
-            files[name] = read_proc_counters(pid, name)
+            with open("/proc/%d/net/%s" % (pid, name)) as f:
+                files[name] = parse_proc_counters(f.read())
         result[ours] = files[name].get(section, {}).get(counter, 0)
     return result
 
@@ -72,18 +74,26 @@ def snapshot(cluster):
     hosts' own queues), `drops_receiving` (the switch's port of every host) and
     `drops_receiving_first_host` (the port of host 0, where the first server runs)."""
     totals = {ours: 0 for _, _, _, ours in TCP_COUNTERS}
-    sending = receiving = 0
-    first = None
+    sending, receiving = 0, []
     for host in cluster.hosts:
         for ours, value in tcp_counters(namespace_pid(host.netns)).items():
             totals[ours] += value
         sending += qdisc_drops(host.netns, host.interface)
-        port = qdisc_drops(cluster.switch, host.switch_port)
-        receiving += port
-        first = port if first is None else first
-    totals.update(drops_sending=sending, drops_receiving=receiving,
-                  drops_receiving_first_host=first or 0)
+        receiving.append(qdisc_drops(cluster.switch, host.switch_port))
+    totals.update(drops_sending=sending, drops_receiving=sum(receiving),
+                  drops_receiving_first_host=receiving[0])
     return totals
+
+
+@contextlib.contextmanager
+def counting(cluster, steps):
+    """Around a job of `steps` steps on `cluster`: yields a dict that holds, once the block
+    has ended, the job's counts per step (snapshot before and after, per_step of their
+    difference). The one way the benchmarks count a job."""
+    counts = {}
+    before = snapshot(cluster)
+    yield counts
+    counts.update(per_step(difference(before, snapshot(cluster)), steps))
 
 
 def difference(before, after):

@@ -204,17 +204,16 @@ def measure_mode(args, mode, place, hosts=None):
     server's NIC over the timed window (`server_nic`, odsgd.bench.nic_meter.nic_summary)."""
     meter = JobCPUMeter()
     cluster = place.get("hosts") if hosts is not None else None
-    before = tcp_counters.snapshot(cluster) if cluster else None
     nic = nic_meter.server_nic_meter(place, "throughput") if cluster else None
-    with tempfile.TemporaryDirectory() as out, meter, nic or contextlib.nullcontext():
+    tcp = tcp_counters.counting(cluster, args.skip + args.steps) if cluster else None
+    with tempfile.TemporaryDirectory() as out, meter, nic or contextlib.nullcontext(), \
+            tcp or contextlib.nullcontext() as tcp_per_step:
         env = dict(_env(args, mode), **meter.environment)
         run_job(_job_args(args, out, kvstore=mode), args.workers, args.servers, args.timeout,
                 env=env, stall_timeout=args.stall_timeout, **place)
         ranks = _read_ranks(out, args.workers)
     if cluster:
-        counts = {"tcp_per_step": tcp_counters.per_step(
-            tcp_counters.difference(before, tcp_counters.snapshot(cluster)),
-            args.skip + args.steps)}
+        counts = {"tcp_per_step": tcp_per_step}
         if nic is not None and len(nic.samples) >= 2:
             counts["server_nic"] = nic_meter.nic_summary(nic.samples, cluster.mbit,
                                                          *_common_window(ranks))

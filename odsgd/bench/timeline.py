@@ -22,6 +22,7 @@ Gluon's Trainer under dist_sync and dist_async, or a store's kv.pushpull) cannot
 into its push and its pull: it counts in both lanes and is drawn as one bar across both.
 """
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -187,13 +188,12 @@ def run(args, folder):
             tic = time.time()
             nic = [] if args.topology == "hosts" else None
             cluster = place.get("hosts")
-            before = tcp_counters.snapshot(cluster) if cluster else None
-            traces = record_mode(args, mode, place, folder, nic)
+            with (tcp_counters.counting(cluster, args.skip + args.steps) if cluster
+                  else contextlib.nullcontext()) as tcp_per_step:
+                traces = record_mode(args, mode, place, folder, nic)
             results[mode] = summarise(args, traces, nic)
-            if before is not None:
-                results[mode]["tcp_per_step"] = tcp_counters.per_step(
-                    tcp_counters.difference(before, tcp_counters.snapshot(cluster)),
-                    args.skip + args.steps)
+            if cluster:
+                results[mode]["tcp_per_step"] = tcp_per_step
             print("[timeline] %-10s done in %.0f s: %s events recorded, mean step %.1f ms"
                   % (mode, time.time() - tic, " + ".join(str(len(t)) for t in traces),
                      results[mode]["mean_step_ms"]), flush=True)
