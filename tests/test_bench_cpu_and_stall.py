@@ -148,3 +148,29 @@ def test_many_array_models_run_in_every_mode(tmp_path, model, extra, modes, step
             r["cores_resolution"]
         assert r["cpu_bound_samples_per_sec"] >= r["samples_per_sec"] * 0.95
         assert r["bound_samples_per_sec"] == r["cpu_bound_samples_per_sec"]   # unshaped
+
+
+def test_timed_window_edges_wait_only_for_what_the_next_step_needs():
+    """throughput_job.timed calls `settle` (training: a wait for the trained weights) at the
+    window's two edges and at each progress line, not a wait for everything: a round kept in
+    flight across steps (dist_odsgd's) is in flight at both edges, as in a long run. Here a
+    settle that takes 50 ms at the end edge only: the window holds it, and each step's 10 ms."""
+    from odsgd.bench import throughput_job
+    calls = []
+
+    def settle():
+        calls.append(time.time())
+        if len(calls) == 7:
+            time.sleep(0.05)
+
+    seconds, result = throughput_job.timed(lambda: time.sleep(0.01), 2, 3, progress_every=0.0,
+                                           settle=settle)
+    # 2 untimed progress lines, the start edge, 3 timed progress lines, the end edge
+    assert len(calls) == 7
+    start, end = result["window"]
+    assert calls[2] <= start <= calls[3] and end >= calls[6] + 0.05
+    assert seconds == pytest.approx((end - start) / 3)
+    assert seconds >= 0.01 + 0.05 / 3
+    calls.clear()
+    throughput_job.timed(lambda: None, 1, 2, progress_every=3600.0, settle=settle)
+    assert len(calls) == 2                     # the two edges only

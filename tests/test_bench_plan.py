@@ -323,6 +323,38 @@ def test_paced_worker_trains_the_tables_arrays():
     # catches a gross extra wait; it is loose because this shared 2-core machine measured
     # 0.52 s for these 0.15 s while a study ran beside the tests.
     assert 0.15 <= time.perf_counter() - tic < 1.5
+    # one record per step; with no Trainer nothing is issued and the whole compute time is
+    # slept (time.sleep sleeps at least its argument)
+    assert len(step.phases) == 3
+    means = paced.phase_means(step.phases)
+    assert set(means) == set(paced.PHASES)
+    assert means["compute"] >= 0.05 and means["issue"] == 0.0 and means["wait_weights"] >= 0
+    assert means["compute"] == pytest.approx(sum(p[1] for p in step.phases) / 3)
+    line = paced.phases_line(dict(means, wait_weights_max=0.25))
+    assert "%.1f ms computing" % (1e3 * means["compute"]) in line
+    assert "(longest worker 250.0)" in line
+
+
+def test_paced_steps_issue_time_comes_out_of_the_compute_wait():
+    """A step's wait is compute_seconds less the last Trainer.step call (on an accelerator
+    the exchange is issued during the backward): with a trainer whose step takes 20 ms, each
+    step after the first sleeps compute_seconds - issue, and its records say so."""
+    class Issuing:
+        def step(self, batch_size):
+            time.sleep(0.02)
+
+    params = paced.paced_parameters("cifar_resnet20_v1", 1)
+    step = paced.paced_step(params, 0.05, Issuing(), batch_size=4)
+    for _ in range(4):
+        step()
+    assert len(step.phases) == 4 and all(p[0] >= 0 for p in step.phases)
+    issues = [p[2] for p in step.phases]
+    computes = [p[1] for p in step.phases]
+    assert all(i >= 0.02 for i in issues)
+    assert computes[0] >= 0.05                      # nothing issued before the first step
+    for previous_issue, compute in zip(issues[:-1], computes[1:]):
+        assert compute >= 0.05 - previous_issue
+        assert compute + previous_issue < 0.05 + 0.2   # loose: a shared 2-core machine
 
 
 @pytest.mark.timeout(150)

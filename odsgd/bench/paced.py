@@ -58,21 +58,50 @@ def paced_parameters(model, byte_scale, seed=0):
     return params
 
 
+#: the phases of a paced step, in order (paced_step records each step's seconds in them)
+PHASES = ("wait_weights", "compute", "issue")
+
+
 def paced_step(params, compute_seconds, trainer=None, batch_size=1):
     """A function that runs one paced step: wait until the weights the last step made are
     there (a forward reads them), wait `compute_seconds` less the time the last Trainer.step
     call took (on an accelerator the framework issues the step's exchange while the backward
     pass runs, so that time overlaps the computation; here the wait and the call take turns
-    on one thread), then `trainer.step(batch_size)` where a Trainer is given."""
+    on one thread), then `trainer.step(batch_size)` where a Trainer is given.
+
+    The function's `phases` list gets one (wait_weights, compute, issue) tuple of seconds per
+    step (PHASES): where a step's time goes on the worker, the first being the time the
+    exchange kept it from starting its computation."""
     weights = [param.data() for param in params.values()]
     issued = [0.0]
+    phases = []
 
     def step():
+        tic = time.perf_counter()
         for weight in weights:
             weight.wait_to_read()
+        ready = time.perf_counter()
         time.sleep(max(0.0, compute_seconds - issued[0]))
+        computed = time.perf_counter()
         if trainer is not None:
-            tic = time.perf_counter()
             trainer.step(batch_size)
-            issued[0] = time.perf_counter() - tic
+            issued[0] = time.perf_counter() - computed
+        phases.append((ready - tic, computed - ready, issued[0] if trainer is not None else 0.0))
+    step.phases = phases
     return step
+
+
+def phase_means(phases):
+    """{phase: mean seconds} of paced steps' (wait_weights, compute, issue) records; {} for
+    none."""
+    if not phases:
+        return {}
+    return {name: sum(p[i] for p in phases) / len(phases) for i, name in enumerate(PHASES)}
+
+
+def phases_line(phases):
+    """One line of where the paced workers' steps went (measure_mode's `paced_phases`)."""
+    return ("paced workers per step: %.1f ms waiting for weights (longest worker %.1f), "
+            "%.1f ms computing, %.1f ms issuing the exchange"
+            % (1e3 * phases["wait_weights"], 1e3 * phases["wait_weights_max"],
+               1e3 * phases["compute"], 1e3 * phases["issue"]))

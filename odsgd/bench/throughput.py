@@ -44,7 +44,7 @@ import sys
 import tempfile
 import time
 
-from . import device_profiles, nic_meter, tcp_counters
+from . import device_profiles, nic_meter, paced, tcp_counters
 from .cpu_meter import JobCPUMeter
 from .jobs import (TOPOLOGIES, TOPOLOGY_HELP, JobFailed, job_environment, job_placement,
                    link_bytes_per_sec, link_step_seconds, run_job, step_wire_bytes)
@@ -199,9 +199,12 @@ def measure_comm(args, place):
 def measure_mode(args, mode, place, hosts=None):
     """(samples/s of the whole job, dist_odsgd overlap summaries or None, {role: cores in
     use during the timed window}, the resolution of that figure in cores). With `hosts` (a
-    list) on emulated hosts, what the link did in the job is appended to it: TCP's and the
-    queues' counters per step (`tcp_per_step`, odsgd.bench.tcp_counters) and the first
-    server's NIC over the timed window (`server_nic`, odsgd.bench.nic_meter.nic_summary)."""
+    list), what the job did besides is appended to it as one dict: on emulated hosts what the
+    link did, TCP's and the queues' counters per step (`tcp_per_step`,
+    odsgd.bench.tcp_counters) and the first server's NIC over the timed window (`server_nic`,
+    odsgd.bench.nic_meter.nic_summary); with paced workers where their steps' time went
+    (`paced_phases`: each phase's mean over the workers, odsgd.bench.paced.PHASES, and the
+    longest worker's wait for weights)."""
     meter = JobCPUMeter()
     cluster = place.get("hosts") if hosts is not None else None
     nic = nic_meter.server_nic_meter(place, "throughput") if cluster else None
@@ -212,11 +215,18 @@ def measure_mode(args, mode, place, hosts=None):
         run_job(_job_args(args, out, kvstore=mode), args.workers, args.servers, args.timeout,
                 env=env, stall_timeout=args.stall_timeout, **place)
         ranks = _read_ranks(out, args.workers)
+    counts = {}
     if cluster:
-        counts = {"tcp_per_step": tcp_per_step}
+        counts["tcp_per_step"] = tcp_per_step
         if nic is not None and len(nic.samples) >= 2:
             counts["server_nic"] = nic_meter.nic_summary(nic.samples, cluster.mbit,
                                                          *_common_window(ranks))
+    phases = [r["paced_phases"] for r in ranks if r.get("paced_phases")]
+    if phases:
+        counts["paced_phases"] = dict(
+            {name: statistics.mean(p[name] for p in phases) for name in phases[0]},
+            wait_weights_max=max(p["wait_weights"] for p in phases))
+    if hosts is not None and counts:
         hosts.append(counts)
     cores = window_cores(meter, ranks)
     overlap = [r["overlap"] for r in ranks if "overlap" in r]
@@ -295,8 +305,12 @@ def run(args):
                           % (_bw(bandwidth), repeat + 1, args.repeats, mode, rate,
                              sum(used.values()), time.time() - tic), flush=True)
                     for counts in hosts[mode][-1:]:
-                        print("[%s]   TCP %s" % (_bw(bandwidth), tcp_counters.summary_line(
-                            counts["tcp_per_step"])), flush=True)
+                        if "paced_phases" in counts:
+                            print("[%s]   %s" % (_bw(bandwidth), paced.phases_line(
+                                counts["paced_phases"])), flush=True)
+                        if "tcp_per_step" in counts:
+                            print("[%s]   TCP %s" % (_bw(bandwidth), tcp_counters.summary_line(
+                                counts["tcp_per_step"])), flush=True)
                         if "server_nic" in counts:
                             print("[%s]   %s" % (_bw(bandwidth), nic_meter.summary_line(
                                 counts["server_nic"])), flush=True)
@@ -474,13 +488,13 @@ def _summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores, resol
 
 
 def hosts_fields(repeats):
-    """What the link did, over the repeats of one mode on emulated hosts (measure_mode's
-    `hosts`): each field's median (tcp_per_step, server_nic) and every repeat's
-    (hosts_all); {} elsewhere."""
+    """What the link and the paced workers did, over the repeats of one mode (measure_mode's
+    `hosts`): each field's median (tcp_per_step, server_nic, paced_phases) and every repeat's
+    (hosts_all); {} where none was recorded."""
     if not repeats:
         return {}
     fields = {"hosts_all": repeats}
-    for name in ("tcp_per_step", "server_nic"):
+    for name in ("tcp_per_step", "server_nic", "paced_phases"):
         known = [r[name] for r in repeats if name in r]
         if known:
             fields[name] = {key: (statistics.median(k[key] for k in known)

@@ -83,7 +83,7 @@ def synthetic_batch(shape, classes, batch_size):
     return data, label
 
 
-def timed(step, skip, steps, progress_every=5.0):
+def timed(step, skip, steps, progress_every=5.0, settle=None):
     """Seconds per step of `step()` over `steps` steps after `skip` untimed ones, and a dict:
     the timed window (wall-clock start, end), this process's CPU seconds in it (all threads)
     and, where the benchmark's CPU meter marks the job (odsgd.bench.cpu_meter.MARKER in the
@@ -91,32 +91,42 @@ def timed(step, skip, steps, progress_every=5.0):
     window's start and at its end (cpu_meter.edge_sample), so that the meter has a sample at
     both edges however short the window is.
 
+    `settle()` waits until the steps issued so far are done as far as the next step needs
+    (default mx.nd.waitall: everything). Training passes a wait for the trained weights: the
+    window's edges are then the moments a next step could start, and a mode that keeps a
+    round in flight across steps (dist_odsgd's answer of the last step, dist_async's) has
+    one in flight at both edges, as in a long run. A wait for everything there drains that
+    round at each edge and at each progress line, a stall a long run never has (with 0.8 s
+    steps it cost dist_odsgd a fifth of its rate).
+
     Prints a progress line at most every `progress_every` seconds: the benchmark ends a job
     whose output stops (odsgd.bench.jobs.run_job's stall timeout)."""
+    settle = settle or mx.nd.waitall
     last = [time.time()]
 
     def run(count, label):
         for i in range(count):
             step()
             if time.time() - last[0] >= progress_every:
-                mx.nd.waitall()
+                settle()
                 print("%s step %d/%d" % (label, i + 1, count), flush=True)
                 last[0] = time.time()
 
     run(skip, "untimed")
-    mx.nd.waitall()
+    settle()
     # Every process of the job runs by now (the untimed steps needed them): find them before
     # the window, read only their /proc/<pid>/stat at its edges.
     processes = cpu_meter.job_processes()
     first = cpu_meter.edge_sample(processes)
     tic, cpu = time.time(), time.process_time()
     run(steps, "timed")
-    mx.nd.waitall()
+    settle()
     toc = time.time()
     cpu = time.process_time() - cpu
     result = {"window": [tic, toc], "cpu_seconds": cpu}
     if processes:
         result["cpu_edges"] = [first, cpu_meter.edge_sample(processes)]
+    mx.nd.waitall()
     return (toc - tic) / steps, result
 
 
@@ -186,14 +196,19 @@ def measure_comm(args):
 def measure_training(args):
     kv = mx.kv.create(args.kvstore)
     timeline.start_if_asked(kv.rank)     # ODSGD_TIMELINE set: record a trace (no-op unset)
-    _, step = model_step(args, lambda params: mx.gluon.Trainer(
+    params, step = model_step(args, lambda params: mx.gluon.Trainer(
         params, "sgd", {"learning_rate": 0.01, "momentum": 0.9}, kvstore=kv))
+    weights = trained_arrays(params)
     meter = kv.overlap if isinstance(kv, odsgd.DistODSGD) else None
     interval = meter.interval if meter is not None else 0
     if meter is not None:
         meter.interval = 0   # its sampled steps block the worker: none in the timed window
-    seconds, window = timed(step, args.skip, args.steps)
+    seconds, window = timed(step, args.skip, args.steps,
+                            settle=lambda: [w.wait_to_read() for w in weights])
     result = dict(window, seconds_per_step=seconds, samples_per_sec=args.batch_size / seconds)
+    if getattr(step, "phases", None):
+        # a paced worker: where its timed steps' time went (paced.PHASES)
+        result["paced_phases"] = paced.phase_means(step.phases[args.skip:args.skip + args.steps])
     if interval:
         # after the window, on every worker alike (the steps are synchronous): two samples
         meter.interval = interval
