@@ -330,6 +330,19 @@ def test_paced_worker_trains_the_tables_arrays():
     assert set(means) == set(paced.PHASES)
     assert means["compute"] >= 0.05 and means["issue"] == 0.0 and means["wait_weights"] >= 0
     assert means["compute"] == pytest.approx(sum(p[1] for p in step.phases) / 3)
+    # settle() waits for the weights as a step's start does, and that wait is the next
+    # step's: an engine operation still writing a weight (a chain of 1500x1500 products)
+    weight = params["p000"].data()
+    x = mx.nd.random.uniform(shape=(1500, 1500))
+    for _ in range(4):
+        x = mx.nd.dot(x, x) * 1e-3
+    (x.sum() * 0).broadcast_to(weight.shape).copyto(weight)
+    tic = time.perf_counter()
+    step.settle()
+    settled = time.perf_counter() - tic
+    step()
+    assert settled > 0 and step.phases[-1][0] >= settled
+    assert params["p000"].data().asnumpy().max() == 0      # the write did land first
     line = paced.phases_line(dict(means, wait_weights_max=0.25))
     assert "%.1f ms computing" % (1e3 * means["compute"]) in line
     assert "(longest worker 250.0)" in line

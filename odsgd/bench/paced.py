@@ -71,10 +71,20 @@ def paced_step(params, compute_seconds, trainer=None, batch_size=1):
 
     The function's `phases` list gets one (wait_weights, compute, issue) tuple of seconds per
     step (PHASES): where a step's time goes on the worker, the first being the time the
-    exchange kept it from starting its computation."""
+    exchange kept it from starting its computation. Its `settle()` waits for the weights as a
+    step's start does (the benchmark's window edges and progress lines,
+    throughput_job.timed); that wait counts in the next step's wait_weights, so that the
+    records add up to the steps' time."""
     weights = [param.data() for param in params.values()]
     issued = [0.0]
+    settled = [0.0]
     phases = []
+
+    def settle():
+        tic = time.perf_counter()
+        for weight in weights:
+            weight.wait_to_read()
+        settled[0] += time.perf_counter() - tic
 
     def step():
         tic = time.perf_counter()
@@ -86,8 +96,11 @@ def paced_step(params, compute_seconds, trainer=None, batch_size=1):
         if trainer is not None:
             trainer.step(batch_size)
             issued[0] = time.perf_counter() - computed
-        phases.append((ready - tic, computed - ready, issued[0] if trainer is not None else 0.0))
+        phases.append((settled[0] + ready - tic, computed - ready,
+                       issued[0] if trainer is not None else 0.0))
+        settled[0] = 0.0
     step.phases = phases
+    step.settle = settle
     return step
 
 

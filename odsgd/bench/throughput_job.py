@@ -203,8 +203,8 @@ def measure_training(args):
     interval = meter.interval if meter is not None else 0
     if meter is not None:
         meter.interval = 0   # its sampled steps block the worker: none in the timed window
-    seconds, window = timed(step, args.skip, args.steps,
-                            settle=lambda: [w.wait_to_read() for w in weights])
+    settle = getattr(step, "settle", None) or (lambda: [w.wait_to_read() for w in weights])
+    seconds, window = timed(step, args.skip, args.steps, settle=settle)
     result = dict(window, seconds_per_step=seconds, samples_per_sec=args.batch_size / seconds)
     if getattr(step, "phases", None):
         # a paced worker: where its timed steps' time went (paced.PHASES)
