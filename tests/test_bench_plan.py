@@ -162,6 +162,25 @@ def _recorded(pattern):
                 yield os.path.basename(path), run
 
 
+def test_async_spread_workers_closed_forms():
+    """dist_async's spread-out picture, the closed network's exact mean-value analysis worked
+    by hand: one worker alternates t_comp with its push and its pull, each the whole t_link
+    (T = t_comp + 2 t_link); two, with D = t_link / 2 per visit, find the other's request in
+    a queue Q(1) = D / (t_comp + 2 D) of the time (T = t_comp + 2 D (1 + Q(1))); many keep the
+    NIC busy, T -> t_link. The model takes the shorter of it and t_comp + t_link."""
+    spread = step_model.spread_async_step_seconds
+    assert spread(0.3, 0.4, 1) == pytest.approx(0.3 + 0.8)
+    assert spread(0.3, 0.4, 2) == pytest.approx(0.3 + 0.4 * (1 + 0.2 / 0.7))
+    assert spread(0.3, 0.4, 400) == pytest.approx(0.4, rel=0.01)
+    assert step_model.async_step_seconds(0.3, 0.4, 2) == pytest.approx(0.7)     # in phase
+    assert step_model.async_step_seconds(0.3, 0.4, 400) == pytest.approx(0.4, rel=0.01)
+    assert step_model.async_step_seconds(0.3, 0.4) == pytest.approx(0.7)        # no N given
+    assert step_model.async_step_seconds(0.3, 0.0, 8) == pytest.approx(0.3)     # unshaped
+    # the planner spreads them on hosts only (one loopback queue carries both directions)
+    assert step_model.spread_workers("hosts", 8) == 8
+    assert step_model.spread_workers("loopback", 8) is None
+
+
 def test_planner_reproduces_the_recorded_predictions():
     """Every dist_odsgd entry of results/throughput_hosts_exchange26_*.json with a
     predicted rate: the planner, given the same t_comp (the model's, CPU included), link and

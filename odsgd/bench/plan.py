@@ -19,7 +19,8 @@ import sys
 from . import device_profiles
 from .jobs import TOPOLOGIES
 from .model_shapes import MODEL_NAMES, scaled_sizes
-from .step_model import LINK_FORMULA, MODES, link_times, mode_shares, predict_modes
+from .step_model import (LINK_FORMULA, MODES, link_times, mode_shares, predict_modes,
+                         spread_workers)
 
 BYTES_PER_ELEMENT = 4     # float32 weights and gradients, as the store exchanges them
 
@@ -139,7 +140,7 @@ def plan_cluster(parameter_bytes, shares, workers, servers, bandwidth_mbit, batc
             "parameter_bytes": parameter_bytes, "t_comp": t_comp, "t_link": t_link,
             "push_seconds": push, "pull_seconds": pull, "shares": shares,
             "modes": predict_modes((t_link, push, pull), workers * batch_size, t_comp,
-                                   shares)}
+                                   shares, spread_workers=spread_workers(topology, workers))}
 
 
 def plan_model(model, workers, servers, bandwidth_mbit, batch_size, t_comp, topology="hosts",

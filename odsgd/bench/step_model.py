@@ -20,7 +20,7 @@ LINK_FORMULA = {"hosts": "max(M/R, N*M/(S*R))", "loopback": "2*N*M/R"}
 
 #: each mode's step time, as printed beside its prediction
 FORMULAS = {"dist_sync": "t_comp + max(push + s * pull, t_link)",
-            "dist_async": "t_comp + t_link",
+            "dist_async": "min(t_comp + t_link, MVA of N workers on the busiest NIC)",
             "dist_odsgd": "max(t_comp, t_link, (push + s * pull + t_comp) / 2)"}
 
 
@@ -82,13 +82,41 @@ def sync_step_seconds(t_comp, one_direction, push, pull, last_share=1.0):
     return t_comp + max(push + last_share * pull, one_direction)
 
 
-def async_step_seconds(t_comp, one_direction):
-    """dist_async's step time: T = t_comp + t_link. Each worker waits for its own answers
-    only, but the workers' pushes meet in the servers' NICs: fitted to the measured 2-worker
-    tables (docs/benchmarks.md), where a worker's round trip took as long as the busiest
-    queue's whole step. Perfectly staggered workers could reach
-    max(t_comp + (1 + s) M/R, t_link) instead; none of the measured runs came near it."""
-    return t_comp + one_direction
+def async_step_seconds(t_comp, one_direction, workers=None):
+    """dist_async's step time: the shorter of two pictures of N workers that each wait for
+    their own answers only.
+
+    In phase (fitted to the measured 2-worker tables, docs/benchmarks.md): the workers'
+    pushes meet in the servers' NICs, and a worker's round trip takes as long as the busiest
+    queue's whole step, T = t_comp + t_link.
+
+    Spread out (`workers` given): the busiest NIC's two directions are queues that N workers
+    visit once a step each, with a demand of t_link / N per visit (one worker's bytes), and
+    between visits each computes for t_comp: a closed queueing network, whose rate exact
+    mean-value analysis gives (spread_async_step_seconds). With 8 and 12 workers on one
+    server's NIC the workers drift apart and the measured rate is this one (1255 and 1389
+    samples/s predicted, 1265 and 1384 measured, docs/benchmarks.md); with 2 workers the
+    analysis, which assumes exponential times, queues more than fixed-size messages do, and
+    the first picture holds."""
+    in_phase = t_comp + one_direction
+    if not workers or not one_direction:
+        return in_phase
+    return min(in_phase, spread_async_step_seconds(t_comp, one_direction, workers))
+
+
+def spread_async_step_seconds(t_comp, one_direction, workers):
+    """One worker's step time N / X in the closed network of async_step_seconds: N workers,
+    a think time t_comp, two queueing stations (the busiest NIC's directions) of demand
+    D = t_link / N per visit. Exact mean-value analysis: for n = 1..N, each station's
+    residence R = D (1 + Q(n - 1)), X(n) = n / (t_comp + sum R), Q(n) = X(n) R."""
+    demand = one_direction / float(workers)
+    queue = [0.0, 0.0]
+    rate = 0.0
+    for n in range(1, workers + 1):
+        residence = [demand * (1.0 + q) for q in queue]
+        rate = n / (t_comp + sum(residence))
+        queue = [rate * r for r in residence]
+    return workers / rate
 
 
 def predicted_samples_per_sec(per_step, t_comp, one_direction, push, pull, last_share=1.0):
@@ -152,11 +180,13 @@ def model_compute_seconds(t_comp, cpu_seconds_per_step=None, cores=None):
     return t_comp
 
 
-def mode_step(mode, t_comp, one_direction, push, pull, share=1.0, cpu_seconds=0.0):
+def mode_step(mode, t_comp, one_direction, push, pull, share=1.0, cpu_seconds=0.0,
+              workers=None):
     """(step seconds, what binds) of `mode`. `cpu_seconds`: the job's CPU seconds per step
     over its cores, where measured (0 for the planner: a cluster's own cores). dist_odsgd
     takes it into t_comp (model_compute_seconds, as its recorded predictions did); the
-    others as a bound of its own, max(T, cpu_seconds), which fits their measured tables."""
+    others as a bound of its own, max(T, cpu_seconds), which fits their measured tables.
+    `workers`: N, for dist_async's spread-out workers (async_step_seconds)."""
     if mode == "dist_odsgd":
         t_comp = max(t_comp, cpu_seconds)
         terms = {"compute": t_comp, "link": one_direction,
@@ -166,7 +196,7 @@ def mode_step(mode, t_comp, one_direction, push, pull, share=1.0, cpu_seconds=0.
     if mode == "dist_sync":
         step = sync_step_seconds(t_comp, one_direction, push, pull, share)
     elif mode == "dist_async":
-        step = async_step_seconds(t_comp, one_direction)
+        step = async_step_seconds(t_comp, one_direction, workers)
     else:
         raise ValueError("mode must be one of %s, got %r" % (", ".join(MODES), mode))
     if cpu_seconds > step:
@@ -174,16 +204,27 @@ def mode_step(mode, t_comp, one_direction, push, pull, share=1.0, cpu_seconds=0.
     return step, ("link" if step - t_comp >= t_comp else "compute") + " (in series)"
 
 
-def predict_modes(link, per_step, t_comp, shares, cpu_seconds=0.0, modes=MODES):
+def spread_workers(topology, workers):
+    """predict_modes' `spread_workers`: N on hosts (a queue per NIC direction), None on the
+    one shaped loopback queue, where push and pull share a queue the analysis does not
+    describe."""
+    return workers if topology == "hosts" else None
+
+
+def predict_modes(link, per_step, t_comp, shares, cpu_seconds=0.0, modes=MODES,
+                  spread_workers=None):
     """{mode: prediction} for a job whose link is `link` ((one_direction, push, pull) in
     seconds; (0, 0, 0) unshaped), `per_step` samples a step (N B), computation t_comp and
-    `shares` {mode: s}. A prediction holds plan_step_seconds, plan_samples_per_sec,
-    plan_binds (compute, link, chain or cpu) and plan_formula."""
+    `shares` {mode: s}. `spread_workers`: N on emulated or real hosts, where the busiest NIC
+    has a queue per direction that dist_async's workers may spread over (async_step_seconds;
+    None on the one shaped loopback queue). A prediction holds plan_step_seconds,
+    plan_samples_per_sec, plan_binds (compute, link, chain or cpu) and plan_formula."""
     one_direction, push, pull = link
     result = {}
     for mode in modes:
         share = shares.get(mode, 1.0)
-        step, binds = mode_step(mode, t_comp, one_direction, push, pull, share, cpu_seconds)
+        step, binds = mode_step(mode, t_comp, one_direction, push, pull, share, cpu_seconds,
+                                spread_workers)
         result[mode] = {"plan_step_seconds": step,
                         "plan_samples_per_sec": per_step / step if step > 0 else None,
                         "plan_binds": binds, "plan_share": share,

@@ -53,7 +53,8 @@ from .paced import scaled_store_environment
 # The step model's formulas, named here too for the code and tests that know them here.
 from .step_model import (LINK_FORMULA, MODES, largest_key_share, link_times,  # noqa: F401
                          mode_shares, model_compute_seconds, odsgd_step_seconds,
-                         predict_modes, predicted_samples_per_sec, push_pull_seconds)
+                         predict_modes, predicted_samples_per_sec, push_pull_seconds,
+                         spread_workers)
 from .throughput_job import MODEL_HELP
 
 
@@ -418,7 +419,8 @@ def plan_fields(entry, per_step, bandwidth_mbit, sizes=None, environ=None):
     cpu, cores = entry.get("cpu_seconds_per_step"), entry.get("cores")
     shares = mode_shares(sizes, entry["servers"], environ)
     return predict_modes(link, per_step, entry["t_comp"], shares,
-                         cpu / cores if cpu and cores else 0.0, modes=[entry["mode"]]
+                         cpu / cores if cpu and cores else 0.0, modes=[entry["mode"]],
+                         spread_workers=spread_workers(entry["topology"], entry["workers"])
                          )[entry["mode"]]
 
 
