@@ -220,15 +220,45 @@ def test_sync_and_async_models_fit_the_measured_hosts_tables():
                                      r["parameter_bytes"], r["bandwidth_mbit"])
         cpu = (r.get("cpu_seconds_per_step") or 0.0) / r["cores"]
         shares = step_model.mode_shares(_sizes_of(r), r["servers"], {})
-        predicted = step_model.predict_modes(link, r["workers"] * r["batch_size"], r["t_comp"],
-                                             shares, cpu, [r["mode"]])[r["mode"]]
+        predicted = step_model.predict_modes(
+            link, r["workers"] * r["batch_size"], r["t_comp"], shares, cpu, [r["mode"]],
+            step_model.spread_workers(r["topology"], r["workers"]))[r["mode"]]
         ratios[r["mode"]].append(r["samples_per_sec"] / predicted["plan_samples_per_sec"])
     # dist_async: 15 runs of the tables before issue 34, 7 of its re-measured 2-worker table
+    # (measured again with the weights-ready window: median 1.03 before, 0.99 now)
     assert len(ratios["dist_sync"]) == 6 and len(ratios["dist_async"]) == 22
     assert statistics.median(ratios["dist_sync"]) == pytest.approx(1.04, abs=0.01)
-    assert statistics.median(ratios["dist_async"]) == pytest.approx(1.03, abs=0.01)
+    assert statistics.median(ratios["dist_async"]) == pytest.approx(0.99, abs=0.01)
     assert 0.9 < min(ratios["dist_sync"]) and max(ratios["dist_sync"]) < 1.2
     assert 0.7 < min(ratios["dist_async"]) and max(ratios["dist_async"]) < 1.2
+
+
+def test_paper_cluster_table_against_the_planner():
+    """The 27 rows of results/paper_cluster_*.json (docs/benchmarks.md, "The paper's cluster
+    on this machine: measured"): the step model today, fed each row's recorded inputs,
+    gives the recorded predictions, and is within 10% of the measured rate on the 5 rows the
+    docs name."""
+    from odsgd.bench import throughput
+    within = []
+    rows = 0
+    for name, r in _recorded("paper_cluster_*.json"):
+        sizes = model_shapes.scaled_sizes(r["model"], r["byte_scale"])
+        environ = paced.scaled_store_environment(r["byte_scale"], {})
+        now = throughput.plan_fields(r, r["workers"] * r["batch_size"], r["shaped_mbit"],
+                                     sizes, environ)
+        assert now["plan_samples_per_sec"] == pytest.approx(r["plan_samples_per_sec"],
+                                                            rel=1e-9), (name, r["mode"])
+        ratio = r["samples_per_sec"] / now["plan_samples_per_sec"]
+        if 0.9 <= ratio <= 1.1:
+            within.append((name, r["mode"], r["bandwidth_mbit"]))
+        rows += 1
+    assert rows == 27
+    assert sorted(within) == sorted([
+        ("paper_cluster_rn50_8w4s.json", "dist_odsgd", 10000),
+        ("paper_cluster_rn50_8w4s.json", "dist_odsgd", 25000),
+        ("paper_cluster_rn50_12w4s.json", "dist_odsgd", 25000),
+        ("paper_cluster_resnet20_8w1s.json", "dist_odsgd", 1000),
+        ("paper_cluster_rn50_12w1s.json", "dist_async", 10000)])
 
 
 def test_planner_command(capsys):
@@ -320,7 +350,7 @@ def test_paced_entries_carry_every_modes_prediction(capsys):
     table = capsys.readouterr().out
     row = next(line for line in table.splitlines() if "dist_async" in line and "Mbit/s" in line)
     assert "%.1f" % (200 / 0.046) in row and row.split()[-1] == "%.2f" % (2000 * 0.046 / 200)
-    assert "T = t_comp + t_link = 46.0 ms" in table
+    assert "T = min(t_comp + t_link, MVA of N workers on the busiest NIC) = 46.0 ms" in table
     assert "byte scale 4: arrays and link / 4 (NICs shaped to 1000 Mbit/s)" in table
 
 
