@@ -59,3 +59,11 @@ def test_proc_counters_are_read_by_section_and_unpaired_lines_refused():
         "Ip": {"Forwarding": 2, "InReceives": 17}, "Tcp": {"OutSegs": 40, "RetransSegs": 3}}
     with pytest.raises(ValueError, match="unpaired"):
         tcp_counters.parse_proc_counters("Tcp: A B\nUdp: 1 2\n")
+
+
+def test_counting_without_a_cluster_counts_nothing():
+    """A job not on emulated hosts (no cluster): counting yields None and reads nothing (a
+    snapshot of None would fail on its hosts)."""
+    with tcp_counters.counting(None, 10) as counts:
+        pass
+    assert counts is None

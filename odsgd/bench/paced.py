@@ -58,6 +58,15 @@ def paced_parameters(model, byte_scale, seed=0):
     return params
 
 
+def wait_for_weights(weights):
+    """Waits until every array of `weights` is written (what a step's forward waits for);
+    returns the seconds waited. A step's `settle` in the throughput benchmark."""
+    tic = time.perf_counter()
+    for weight in weights:
+        weight.wait_to_read()
+    return time.perf_counter() - tic
+
+
 #: the phases of a paced step, in order (paced_step records each step's seconds in them)
 PHASES = ("wait_weights", "compute", "issue")
 
@@ -81,22 +90,17 @@ def paced_step(params, compute_seconds, trainer=None, batch_size=1):
     phases = []
 
     def settle():
-        tic = time.perf_counter()
-        for weight in weights:
-            weight.wait_to_read()
-        settled[0] += time.perf_counter() - tic
+        settled[0] += wait_for_weights(weights)
 
     def step():
-        tic = time.perf_counter()
-        for weight in weights:
-            weight.wait_to_read()
+        waited = wait_for_weights(weights)
         ready = time.perf_counter()
         time.sleep(max(0.0, compute_seconds - issued[0]))
         computed = time.perf_counter()
         if trainer is not None:
             trainer.step(batch_size)
             issued[0] = time.perf_counter() - computed
-        phases.append((settled[0] + ready - tic, computed - ready,
+        phases.append((settled[0] + waited, computed - ready,
                        issued[0] if trainer is not None else 0.0))
         settled[0] = 0.0
     step.phases = phases

@@ -49,7 +49,6 @@ from .cpu_meter import JobCPUMeter
 from .jobs import (TOPOLOGIES, TOPOLOGY_HELP, JobFailed, job_environment, job_placement,
                    link_bytes_per_sec, link_step_seconds, run_job, step_wire_bytes)
 from .model_shapes import scaled_sizes
-from .paced import scaled_store_environment
 # The step model's formulas, named here too for the code and tests that know them here.
 from .step_model import (LINK_FORMULA, MODES, largest_key_share, link_times,  # noqa: F401
                          mode_shares, model_compute_seconds, odsgd_step_seconds,
@@ -164,7 +163,7 @@ def _job_args(args, out, **extra):
 
 def _env(args, mode=None):
     env = {"OMP_NUM_THREADS": str(args.omp_threads)}
-    env.update(scaled_store_environment(getattr(args, "byte_scale", 1)))
+    env.update(paced.scaled_store_environment(getattr(args, "byte_scale", 1)))
     if mode == "dist_odsgd":
         env.update(ODSGD_WARMUP_STEPS=str(args.warmup_steps),
                    ODSGD_METRICS_INTERVAL=str(args.overlap_interval))
@@ -209,9 +208,8 @@ def measure_mode(args, mode, place, hosts=None):
     meter = JobCPUMeter()
     cluster = place.get("hosts") if hosts is not None else None
     nic = nic_meter.server_nic_meter(place, "throughput") if cluster else None
-    tcp = tcp_counters.counting(cluster, args.skip + args.steps) if cluster else None
     with tempfile.TemporaryDirectory() as out, meter, nic or contextlib.nullcontext(), \
-            tcp or contextlib.nullcontext() as tcp_per_step:
+            tcp_counters.counting(cluster, args.skip + args.steps) as tcp_per_step:
         env = dict(_env(args, mode), **meter.environment)
         run_job(_job_args(args, out, kvstore=mode), args.workers, args.servers, args.timeout,
                 env=env, stall_timeout=args.stall_timeout, **place)
@@ -464,7 +462,7 @@ def _summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores, resol
     shaped = shaped_mbit(args, bandwidth)
     sizes = compute.get("parameter_sizes")
     # the store's size settings the job ran with
-    environ = dict(os.environ, **scaled_store_environment(getattr(args, "byte_scale", 1)))
+    environ = dict(os.environ, **paced.scaled_store_environment(getattr(args, "byte_scale", 1)))
     link = link_fields(args.topology, args.workers, args.servers, compute["parameter_bytes"],
                        shaped)
     runs = []

@@ -133,7 +133,9 @@ def timed(step, skip, steps, progress_every=5.0, settle=None):
 def model_step(args, trainer_for=None):
     """(params, step): the trained parameters (a ParameterDict) and a function that runs one
     step, then `trainer.step` when `trainer_for(params)` gives a Trainer: the model's forward
-    and backward on one synthetic batch, or with --compute-ms the paced worker's wait."""
+    and backward on one synthetic batch, or with --compute-ms the paced worker's wait. The
+    step's `settle()` waits for the trained weights, the moment a next step could start
+    (timed's window edges)."""
     if args.compute_ms is not None:
         params = paced.paced_parameters(args.model, args.byte_scale)
         trainer = trainer_for(params) if trainer_for else None
@@ -158,6 +160,8 @@ def model_step(args, trainer_for=None):
         loss.backward()
         if trainer is not None:
             trainer.step(args.batch_size)
+    weights = trained_arrays(params)
+    step.settle = lambda: paced.wait_for_weights(weights)
     return params, step
 
 
@@ -196,15 +200,13 @@ def measure_comm(args):
 def measure_training(args):
     kv = mx.kv.create(args.kvstore)
     timeline.start_if_asked(kv.rank)     # ODSGD_TIMELINE set: record a trace (no-op unset)
-    params, step = model_step(args, lambda params: mx.gluon.Trainer(
+    _, step = model_step(args, lambda params: mx.gluon.Trainer(
         params, "sgd", {"learning_rate": 0.01, "momentum": 0.9}, kvstore=kv))
-    weights = trained_arrays(params)
     meter = kv.overlap if isinstance(kv, odsgd.DistODSGD) else None
     interval = meter.interval if meter is not None else 0
     if meter is not None:
         meter.interval = 0   # its sampled steps block the worker: none in the timed window
-    settle = getattr(step, "settle", None) or (lambda: [w.wait_to_read() for w in weights])
-    seconds, window = timed(step, args.skip, args.steps, settle=settle)
+    seconds, window = timed(step, args.skip, args.steps, settle=step.settle)
     result = dict(window, seconds_per_step=seconds, samples_per_sec=args.batch_size / seconds)
     if getattr(step, "phases", None):
         # a paced worker: where its timed steps' time went (paced.PHASES)

@@ -22,7 +22,6 @@ Gluon's Trainer under dist_sync and dist_async, or a store's kv.pushpull) cannot
 into its push and its pull: it counts in both lanes and is drawn as one bar across both.
 """
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -188,8 +187,7 @@ def run(args, folder):
             tic = time.time()
             nic = [] if args.topology == "hosts" else None
             cluster = place.get("hosts")
-            with (tcp_counters.counting(cluster, args.skip + args.steps) if cluster
-                  else contextlib.nullcontext()) as tcp_per_step:
+            with tcp_counters.counting(cluster, args.skip + args.steps) as tcp_per_step:
                 traces = record_mode(args, mode, place, folder, nic)
             results[mode] = summarise(args, traces, nic)
             if cluster:
