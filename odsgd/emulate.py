@@ -12,6 +12,15 @@ the veth: what the host sends; egress on the switch's side: what it receives). A
 netem, which not every kernel has; --delay-ms is refused with a clear error where it is
 missing.
 
+TCP between the hosts runs CUBIC, Linux's default congestion control, whatever this machine's
+default is (`--congestion`; `default` keeps the kernel's): a namespace inherits the machine's
+default (BBR on some cloud images), and that default decides how N workers' flows share a
+server's NIC: at 8 workers + 1 server under BBR, the server's answers reached some workers
+hundreds of milliseconds after others, and every round waited for the slowest worker
+(docs/benchmarks.md, "TCP congestion control on the emulated hosts").
+The algorithm is set on each host's route to the cluster's network (`ip route ... congctl`),
+which a namespace allows where its sysctl may only pick from `tcp_allowed_congestion_control`.
+
 Every host runs an sshd that listens on its own address only and accepts only a key generated
 for this cluster (no passwords, no keyboard-interactive, root only by key). The keys, the
 sshd configurations, the ssh client configuration and the hostfile lie in a temporary folder
@@ -37,6 +46,7 @@ that is no host of the cluster (not in the hostfile, no sshd) with the address
 import argparse
 import contextlib
 import getpass
+import ipaddress
 import os
 import shutil
 import signal
@@ -50,6 +60,8 @@ PREFIX = "odsgd-emu"
 #: the emulated hosts' network (RFC 2544 benchmarking range), one /24 of it
 NETWORK = "198.18.0"
 PREFIX_LENGTH = 24
+#: TCP congestion control of the hosts' connections: Linux's default (module docstring)
+CONGESTION = "cubic"
 #: another /24 of that range for addresses outside every job: the outsider's and the second
 #: addresses of add_address (nothing routes between it and NETWORK)
 OUTSIDE_NETWORK = "198.18.1"
@@ -119,13 +131,15 @@ class EmulatedCluster(object):
     """N emulated hosts (see the module's docstring); a context manager that tears everything
     down on exit."""
 
-    def __init__(self, hosts, mbit=0, delay_ms=0, user=None, outsider=False):
+    def __init__(self, hosts, mbit=0, delay_ms=0, user=None, outsider=False,
+                 congestion=CONGESTION):
         if not 1 <= hosts <= 250:
             raise EmulationError("--hosts must be between 1 and 250, not %d" % hosts)
         if mbit < 0 or delay_ms < 0:
             raise EmulationError("--mbit and --delay-ms must not be negative")
         self.mbit = mbit
         self.delay_ms = delay_ms
+        self.congestion = None if congestion in (None, "", "default") else congestion
         self.user = user or getpass.getuser()
         tag = "%s-%d-%d" % (PREFIX, os.getpid(), int(time.time() * 1000) % 100000)
         self.tag = tag
@@ -203,9 +217,24 @@ class EmulatedCluster(object):
         _run(["ip", "-n", host.netns, "addr", "add",
               "%s/%d" % (host.address, PREFIX_LENGTH), "dev", host.interface])
         _run(["ip", "-n", host.netns, "link", "set", host.interface, "up"])
+        if self.congestion:
+            self._set_congestion(host)
         if self.mbit or self.delay_ms:
             self._shape(host.netns, host.interface)            # what the host sends
             self._shape(self.switch, host.switch_port)         # what the host receives
+
+    def _set_congestion(self, host):
+        # The kernel's route to the host's /24, with the algorithm: every connection between
+        # hosts (both ends, passive ones too) takes it from the route.
+        network = ipaddress.ip_interface("%s/%d" % (host.address, PREFIX_LENGTH)).network
+        done = _run(["ip", "-n", host.netns, "route", "replace", str(network), "dev",
+                     host.interface, "proto", "kernel", "scope", "link", "src", host.address,
+                     "congctl", self.congestion], check=False)
+        if done.returncode != 0:
+            raise EmulationError(
+                "this kernel cannot give the emulated hosts TCP congestion control %r (%s); "
+                "load it (modprobe tcp_%s) or keep the kernel's default with --congestion "
+                "default" % (self.congestion, done.stderr.strip(), self.congestion))
 
     def _shape(self, netns, device):
         command = ["tc", "qdisc", "add", "dev", device]
@@ -500,6 +529,9 @@ def parse_args(argv=None):
                         help="rate of every NIC, each direction, in Mbit/s (0: unshaped)")
     parser.add_argument("--delay-ms", type=float, default=0,
                         help="one-way delay of every NIC (needs netem)")
+    parser.add_argument("--congestion", default=CONGESTION,
+                        help="TCP congestion control between the hosts (default %(default)s, "
+                             "Linux's default; 'default': this kernel's own)")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="-- COMMAND ...: run on host 0 (a shell expands $ODSGD_HOSTFILE "
                              "if the command is `sh -c '...'`)")
@@ -520,7 +552,8 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, on_sigterm)
     command = None
     try:
-        with EmulatedCluster(args.hosts, args.mbit, args.delay_ms) as cluster:
+        with EmulatedCluster(args.hosts, args.mbit, args.delay_ms,
+                             congestion=args.congestion) as cluster:
             env = cluster.environment()
             # $ODSGD_HOSTFILE in an argument is replaced, so no shell is needed for -H.
             argv = [a.replace("$ODSGD_HOSTFILE", cluster.hostfile) for a in args.command]

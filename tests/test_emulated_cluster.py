@@ -448,6 +448,48 @@ def test_each_nic_is_shaped_in_both_directions():
     assert both_to_server == pytest.approx(2 * expected, rel=0.25)
 
 
+_CONGESTION_OF_ONE_CONNECTION = r"""
+import socket, sys
+role, address, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if role == "accept":
+    server = socket.create_server((address, port))
+    print("listening", flush=True)
+    sock, _ = server.accept()
+else:
+    sock = socket.create_connection((address, port), timeout=20)
+name = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
+print(name.rstrip(b"\0").decode(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("congestion", [emulate.CONGESTION, "reno"])
+def test_hosts_connections_run_the_clusters_congestion_control(congestion):
+    """Both ends of a TCP connection between two emulated hosts run the cluster's congestion
+    control (the kernel's answer to TCP_CONGESTION), not the namespace's inherited default:
+    CUBIC by default, and reno where asked (an algorithm every kernel has and no machine has
+    as its default)."""
+    with emulate.EmulatedCluster(2, mbit=MBIT, congestion=congestion) as cluster:
+        address = cluster.hosts[0].address
+        code = [sys.executable, "-c", _CONGESTION_OF_ONE_CONNECTION]
+        listener = subprocess.Popen(cluster.on_host(0, code + ["accept", address, "7651"]),
+                                    stdout=subprocess.PIPE, text=True)
+        try:
+            assert listener.stdout.readline().strip() == "listening"
+            client = subprocess.run(cluster.on_host(1, code + ["connect", address, "7651"]),
+                                    capture_output=True, text=True, timeout=30)
+            accepted, _ = listener.communicate(timeout=30)
+        finally:
+            listener.kill()
+    assert client.returncode == 0, client.stderr
+    assert (client.stdout.strip(), accepted.strip()) == (congestion, congestion)
+
+
+def test_unknown_congestion_control_is_refused_naming_the_fix():
+    with pytest.raises(emulate.EmulationError, match="--congestion default"):
+        with emulate.EmulatedCluster(2, congestion="no-such-algorithm"):
+            pass
+
+
 def test_throughput_benchmark_on_emulated_hosts(tmp_path):
     """`odsgd.bench throughput --topology hosts`: every mode runs across a host per server and
     per worker, and the wire time of its bound is the server NIC's share (each direction

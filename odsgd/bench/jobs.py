@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 
-from ..emulate import tbf_arguments
+from ..emulate import CONGESTION, tbf_arguments
 
 #: global optimizers of the image jobs (both predicted by local_optimizer='predict')
 IMAGE_JOB_OPTIMIZERS = ("sgd", "nag")
@@ -164,6 +164,18 @@ TOPOLOGIES = ("loopback", "hosts")
 TOPOLOGY_HELP = ("loopback: every process on one loopback, shaped as a whole; hosts: one "
                  "emulated host per server and per worker (odsgd.emulate, root and sshd), each "
                  "NIC shaped to the bandwidth, the ssh launcher across them")
+
+
+def tcp_congestion(topology):
+    """The TCP congestion control a job on `topology` runs: the emulated hosts' own
+    (odsgd.emulate.CONGESTION), on loopback this kernel's default."""
+    if topology == "hosts":
+        return CONGESTION
+    try:
+        with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 @contextlib.contextmanager

@@ -47,7 +47,8 @@ import time
 from . import device_profiles, nic_meter, paced, tcp_counters
 from .cpu_meter import JobCPUMeter
 from .jobs import (TOPOLOGIES, TOPOLOGY_HELP, JobFailed, job_environment, job_placement,
-                   link_bytes_per_sec, link_step_seconds, run_job, step_wire_bytes)
+                   link_bytes_per_sec, link_step_seconds, run_job, step_wire_bytes,
+                   tcp_congestion)
 from .model_shapes import scaled_sizes
 # The step model's formulas, named here too for the code and tests that know them here.
 from .step_model import (LINK_FORMULA, MODES, largest_key_share, link_times,  # noqa: F401
@@ -447,7 +448,7 @@ def _entry(args, mode, bandwidth, rates, t_comp, t_comm):
             "workers": args.workers, "dense_layers": args.dense_layers,
             "dense_width": args.dense_width, "image_size": args.image_size,
             "servers": args.servers, "batch_size": args.batch_size,
-            "topology": args.topology,
+            "topology": args.topology, "tcp_congestion": tcp_congestion(args.topology),
             "bandwidth_mbit": bandwidth, "repeats": len(rates),
             "samples_per_sec": statistics.median(rates),
             "samples_per_sec_min": min(rates), "samples_per_sec_max": max(rates),
