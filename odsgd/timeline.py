@@ -48,6 +48,7 @@ import functools
 import json
 import math
 import os
+import statistics
 
 #: the kinds of events, in the order of the picture's lanes
 KINDS = ("compute", "push", "pull", "pushpull", "local_update", "copy", "other")
@@ -272,3 +273,51 @@ def busy_fraction(events, kinds, start_s, end_s):
 def lane_fractions(events, start_s, end_s):
     """{lane label: busy_fraction} for the LANES of a worker."""
     return {label: busy_fraction(events, kinds, start_s, end_s) for label, kinds in LANES}
+
+
+# -- rounds across workers ------------------------------------------------------------------
+Round = collections.namedtuple("Round", "issued_s answered_s")
+
+
+def rounds_of(events, parts):
+    """One worker's push-with-pull requests (kind "pushpull") as rounds of `parts` requests:
+    (issue, answer) times in seconds, an array-like [round][part] each, in issue order. Valid
+    where every step sends the same `parts` requests in the same order (dist_odsgd's parts
+    of its key groups; Gluon's Trainer's keys). Raises ValueError where the count of requests
+    is no whole number of rounds."""
+    requests = sorted((e for e in events if e.kind == "pushpull"), key=lambda e: e.start_s)
+    if parts < 1 or not requests or len(requests) % parts:
+        raise ValueError("%d push-with-pull requests do not split into rounds of %d parts; "
+                         "give --parts the requests one step sends" % (len(requests), parts))
+    count = len(requests) // parts
+    return Round([[e.start_s for e in requests[r * parts:(r + 1) * parts]] for r in range(count)],
+                 [[e.end_s for e in requests[r * parts:(r + 1) * parts]] for r in range(count)])
+
+
+def answer_spread(worker_events, parts):
+    """How far apart the workers receive the answers of the same request, round by round.
+    `worker_events`: one list of Events per worker (read_trace), whose requests are rounds of
+    `parts` (rounds_of), the same number of rounds each. Per round, a dict of seconds:
+    `part_spread_median` and `part_spread_max`, over the round's parts, of (latest - earliest
+    arrival of that part's answer across the workers); `last_answer_spread`, the same of the
+    workers' last answers; `round_trip`, the earliest issue of the round's first part to the
+    latest arrival of any of its answers. A server answers a part to every worker at once
+    (when the last worker's push is in), so a spread is time the answers spent on their way:
+    queued behind other answers in the server's sockets and NIC."""
+    rounds = [rounds_of(events, parts) for events in worker_events]
+    counts = {len(r.issued_s) for r in rounds}
+    if len(counts) != 1:
+        raise ValueError("the workers recorded different numbers of rounds: %s"
+                         % sorted(len(r.issued_s) for r in rounds))
+    result = []
+    for i in range(counts.pop()):
+        answered = [r.answered_s[i] for r in rounds]        # [worker][part]
+        spreads = sorted(max(a[k] for a in answered) - min(a[k] for a in answered)
+                         for k in range(parts))
+        last = [max(a) for a in answered]
+        result.append({"part_spread_median": statistics.median(spreads),
+                       "part_spread_max": spreads[-1],
+                       "last_answer_spread": max(last) - min(last),
+                       "round_trip": max(last) - min(r.issued_s[i][0] for r in rounds)})
+    return result
+

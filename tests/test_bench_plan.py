@@ -258,7 +258,7 @@ def test_paper_cluster_table_against_the_planner():
         ("paper_cluster_rn50_8w4s.json", "dist_odsgd", 25000),
         ("paper_cluster_rn50_12w4s.json", "dist_odsgd", 25000),
         ("paper_cluster_resnet20_8w1s.json", "dist_odsgd", 1000),
-        ("paper_cluster_rn50_12w1s.json", "dist_async", 10000)])
+        ("paper_cluster_rn50_12w1s.json", "dist_odsgd", 10000)])
 
 
 def test_planner_command(capsys):

@@ -444,3 +444,60 @@ def test_bench_timeline_on_hosts_records_the_server_nic(tmp_path):
     tcp = json.loads(data.read_text())["modes"]["dist_odsgd"]["tcp_per_step"]
     assert tcp["segments_sent"] > 0 and min(tcp.values()) >= 0
     assert "dist_odsgd  TCP per step:" in output
+
+
+# -- answers' spread across workers (odsgd.bench rounds) --------------------------------------
+def _requests(spans):
+    """Events of push-with-pull requests, (start, end) each, written out of order."""
+    return [tl.Event("KVStoreDistDefaultStoragePushPull", "pushpull", a, b)
+            for a, b in reversed(spans)] + [tl.Event("Convolution", "compute", 0.0, 9.0)]
+
+
+def test_answer_spread_worked_by_hand():
+    """2 workers, rounds of 2 parts. Round 0: worker 0 issues at 0.0 / 0.1, answers at 1.0 /
+    1.5; worker 1 issues at 0.2 / 0.3, answers at 1.2 / 1.6: part spreads 0.2 and 0.1
+    (median 0.15, max 0.2), last answers 1.5 and 1.6 (0.1 apart), round trip 1.6 - 0.0.
+    Round 1: answers 3.0 / 3.9 and 3.0 / 3.1: spreads 0.0 and 0.8, last answers 0.8 apart,
+    round trip 3.9 - 2.0."""
+    w0 = _requests([(0.0, 1.0), (0.1, 1.5), (2.0, 3.0), (2.1, 3.9)])
+    w1 = _requests([(0.2, 1.2), (0.3, 1.6), (2.2, 3.0), (2.3, 3.1)])
+    rounds = tl.answer_spread([w0, w1], parts=2)
+    expected = [dict(part_spread_median=0.15, part_spread_max=0.2, last_answer_spread=0.1,
+                     round_trip=1.6),
+                dict(part_spread_median=0.4, part_spread_max=0.8, last_answer_spread=0.8,
+                     round_trip=1.9)]
+    assert len(rounds) == 2
+    for got, want in zip(rounds, expected):
+        assert got == pytest.approx(want)
+
+
+def test_answer_spread_refuses_rounds_that_do_not_split():
+    w0 = _requests([(0.0, 1.0), (0.1, 1.5), (2.0, 3.0)])
+    with pytest.raises(ValueError, match="do not split into rounds of 2 parts"):
+        tl.answer_spread([w0, w0], parts=2)
+    w1 = _requests([(0.0, 1.0), (0.1, 1.5)])
+    with pytest.raises(ValueError, match="different numbers of rounds"):
+        tl.answer_spread([_requests([(0, 1), (1, 2), (2, 3), (3, 4)]), w1], parts=2)
+
+
+def test_rounds_command_on_written_traces(tmp_path, capsys):
+    """The command reads a folder of traces as MXNet's profiler writes them (B/E pairs) and
+    prints the steady rounds' medians: 6 rounds, the first 2 (a third) and the last left
+    out, leaving rounds 2-4, whose round trips are 1.0 + r/10 s with worker 1's answers r/10
+    s after worker 0's."""
+    from odsgd.bench import rounds as rounds_command
+    for rank in range(2):
+        raw = []
+        for r in range(6):
+            start, end = 10.0 * r, 10.0 * r + 1.0 + (r / 10.0 if rank else 0.0)
+            raw += [{"name": "KVStoreDistDefaultStoragePushPull", "cat": "operator",
+                     "ph": ph, "ts": ts * 1e6, "pid": 0, "tid": 1}
+                    for ph, ts in (("B", start), ("E", end))]
+        (tmp_path / ("timeline.rank%d.json" % rank)).write_text(json.dumps({"traceEvents": raw}))
+    out = tmp_path / "rounds.json"
+    assert rounds_command.main([str(tmp_path), "--parts", "1", "--json", str(out)]) == 0
+    steady = json.loads(out.read_text())["steady"]
+    assert steady["rounds"] == 3
+    assert steady["round_trip"] == pytest.approx(1.3)
+    assert steady["last_answer_spread"] == pytest.approx(0.3)
+    assert "the last answers 300 ms apart" in capsys.readouterr().out

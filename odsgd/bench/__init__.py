@@ -12,6 +12,7 @@ SUBCOMMANDS = {
     "time-to-accuracy": "odsgd.bench.time_to_accuracy",  # accuracy against time, real images
     "timeline": "odsgd.bench.timeline",        # a few steps per worker, per mode, drawn
     "plan": "odsgd.bench.plan",                # the step model's predictions; runs no job
+    "rounds": "odsgd.bench.rounds",            # answers' spread across workers, from timelines
     "faults": "odsgd.bench.faults",            # the fault sweep of docs/reliability.md
 }
 

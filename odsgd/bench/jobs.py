@@ -34,12 +34,12 @@ def launch_command(module_args, workers, servers, timeout, hostfile=None):
         [sys.executable, "-m"] + [str(a) for a in module_args]
 
 
-def emulated_hosts(bandwidth_mbit, count):
+def emulated_hosts(bandwidth_mbit, count, congestion=CONGESTION):
     """`count` emulated hosts (odsgd.emulate), each NIC shaped to `bandwidth_mbit` (0 =
-    unshaped): run_job(..., hosts=...) puts one server or worker on each, the scheduler with
-    the first server."""
+    unshaped), TCP between them under `congestion`: run_job(..., hosts=...) puts one server
+    or worker on each, the scheduler with the first server."""
     from ..emulate import EmulatedCluster
-    return EmulatedCluster(count, mbit=bandwidth_mbit)
+    return EmulatedCluster(count, mbit=bandwidth_mbit, congestion=congestion)
 
 
 def job_environment(env=None):
@@ -166,11 +166,11 @@ TOPOLOGY_HELP = ("loopback: every process on one loopback, shaped as a whole; ho
                  "NIC shaped to the bandwidth, the ssh launcher across them")
 
 
-def tcp_congestion(topology):
-    """The TCP congestion control a job on `topology` runs: the emulated hosts' own
-    (odsgd.emulate.CONGESTION), on loopback this kernel's default."""
-    if topology == "hosts":
-        return CONGESTION
+def tcp_congestion(topology, congestion=CONGESTION):
+    """The TCP congestion control a job on `topology` runs: on emulated hosts `congestion`
+    (job_placement's), on loopback or with "default" this kernel's default."""
+    if topology == "hosts" and congestion not in (None, "", "default"):
+        return congestion
     try:
         with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
             return f.read().strip()
@@ -179,11 +179,12 @@ def tcp_congestion(topology):
 
 
 @contextlib.contextmanager
-def job_placement(topology, bandwidth_mbit, workers, servers):
+def job_placement(topology, bandwidth_mbit, workers, servers, congestion=CONGESTION):
     """Where the jobs of one bandwidth run, as run_job's keyword arguments: {'netns': ...}
-    on one (shaped) loopback, or {'hosts': ...} on emulated hosts, one per process."""
+    on one (shaped) loopback, or {'hosts': ...} on emulated hosts, one per process, TCP
+    between them under `congestion` (odsgd.emulate)."""
     if topology == "hosts":
-        with emulated_hosts(bandwidth_mbit, servers + workers) as cluster:
+        with emulated_hosts(bandwidth_mbit, servers + workers, congestion) as cluster:
             yield {"hosts": cluster}
     elif topology == "loopback":
         with loopback_link(bandwidth_mbit) as netns:

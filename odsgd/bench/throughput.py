@@ -46,6 +46,7 @@ import time
 
 from . import device_profiles, nic_meter, paced, tcp_counters
 from .cpu_meter import JobCPUMeter
+from ..emulate import CONGESTION
 from .jobs import (TOPOLOGIES, TOPOLOGY_HELP, JobFailed, job_environment, job_placement,
                    link_bytes_per_sec, link_step_seconds, run_job, step_wire_bytes,
                    tcp_congestion)
@@ -73,6 +74,9 @@ def parse_args(argv=None):
     p.add_argument("--bandwidth-mbit", default="0,1000,2000,4000",
                    help="comma-separated list; 0 = unshaped loopback")
     p.add_argument("--topology", choices=TOPOLOGIES, default="loopback", help=TOPOLOGY_HELP)
+    p.add_argument("--tcp-congestion", default=CONGESTION,
+                   help="TCP congestion control between emulated hosts (--topology hosts; "
+                        "default %(default)s, Linux's; 'default': this kernel's own)")
     p.add_argument("--steps", type=int, default=30, help="timed steps per run")
     p.add_argument("--skip", type=int, default=8, help="untimed steps before timing")
     p.add_argument("--repeats", type=int, default=3)
@@ -285,7 +289,7 @@ def run(args):
         hosts = {mode: [] for mode in args.mode_list}
         overlaps = []
         with job_placement(args.topology, shaped_mbit(args, bandwidth), args.workers,
-                           args.servers) as place:
+                           args.servers, args.tcp_congestion) as place:
             t_comm = measure_comm(args, place)
             print("[%s] t_comm = %.1f ms per step" % (_bw(bandwidth), 1e3 * t_comm), flush=True)
             for repeat in range(args.repeats):
@@ -448,7 +452,9 @@ def _entry(args, mode, bandwidth, rates, t_comp, t_comm):
             "workers": args.workers, "dense_layers": args.dense_layers,
             "dense_width": args.dense_width, "image_size": args.image_size,
             "servers": args.servers, "batch_size": args.batch_size,
-            "topology": args.topology, "tcp_congestion": tcp_congestion(args.topology),
+            "topology": args.topology,
+            "tcp_congestion": tcp_congestion(args.topology,
+                                             getattr(args, "tcp_congestion", CONGESTION)),
             "bandwidth_mbit": bandwidth, "repeats": len(rates),
             "samples_per_sec": statistics.median(rates),
             "samples_per_sec_min": min(rates), "samples_per_sec_max": max(rates),
