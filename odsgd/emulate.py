@@ -139,7 +139,7 @@ class EmulatedCluster(object):
             raise EmulationError("--mbit and --delay-ms must not be negative")
         self.mbit = mbit
         self.delay_ms = delay_ms
-        self.congestion = None if congestion in (None, "", "default") else congestion
+        self.congestion = asked_congestion(congestion)
         self.user = user or getpass.getuser()
         tag = "%s-%d-%d" % (PREFIX, os.getpid(), int(time.time() * 1000) % 100000)
         self.tag = tag
@@ -375,6 +375,12 @@ class EmulatedCluster(object):
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
+
+
+def asked_congestion(name):
+    """The congestion control `name` asks for, or None where it asks for the kernel's own
+    default (`default`, empty or None)."""
+    return None if name in (None, "", "default") else name
 
 
 def tbf_arguments(mbit, min_burst=64 * 1024 + 1500, latency_ms=100):

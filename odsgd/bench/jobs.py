@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 
-from ..emulate import CONGESTION, tbf_arguments
+from ..emulate import CONGESTION, asked_congestion, tbf_arguments
 
 #: global optimizers of the image jobs (both predicted by local_optimizer='predict')
 IMAGE_JOB_OPTIMIZERS = ("sgd", "nag")
@@ -169,7 +169,7 @@ TOPOLOGY_HELP = ("loopback: every process on one loopback, shaped as a whole; ho
 def tcp_congestion(topology, congestion=CONGESTION):
     """The TCP congestion control a job on `topology` runs: on emulated hosts `congestion`
     (job_placement's), on loopback or with "default" this kernel's default."""
-    if topology == "hosts" and congestion not in (None, "", "default"):
+    if topology == "hosts" and asked_congestion(congestion):
         return congestion
     try:
         with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
