@@ -179,6 +179,11 @@ def test_async_spread_workers_closed_forms():
     # the planner spreads them on hosts only (one loopback queue carries both directions)
     assert step_model.spread_workers("hosts", 8) == 8
     assert step_model.spread_workers("loopback", 8) is None
+    # what binds says which picture set the step: 400 spread-out workers keep the link busy
+    assert step_model.mode_step("dist_async", 0.3, 0.4, 0.4, 0.4, workers=400)[1] == \
+        "link (spread out)"
+    assert step_model.mode_step("dist_async", 0.3, 0.4, 0.4, 0.4, workers=2) == \
+        (pytest.approx(0.7), "link (in series)")
 
 
 def test_planner_reproduces_the_recorded_predictions():

@@ -201,6 +201,10 @@ def mode_step(mode, t_comp, one_direction, push, pull, share=1.0, cpu_seconds=0.
         raise ValueError("mode must be one of %s, got %r" % (", ".join(MODES), mode))
     if cpu_seconds > step:
         return cpu_seconds, "cpu"
+    if mode == "dist_async" and step < t_comp + one_direction:
+        # the spread-out workers (async_step_seconds): the NIC's queues and the computation
+        # overlap
+        return step, ("link" if one_direction >= t_comp else "compute") + " (spread out)"
     return step, ("link" if step - t_comp >= t_comp else "compute") + " (in series)"
 
 
@@ -218,7 +222,8 @@ def predict_modes(link, per_step, t_comp, shares, cpu_seconds=0.0, modes=MODES,
     `shares` {mode: s}. `spread_workers`: N on emulated or real hosts, where the busiest NIC
     has a queue per direction that dist_async's workers may spread over (async_step_seconds;
     None on the one shaped loopback queue). A prediction holds plan_step_seconds,
-    plan_samples_per_sec, plan_binds (compute, link, chain or cpu) and plan_formula."""
+    plan_samples_per_sec, plan_binds (compute, link, chain or cpu; "(in series)" or, for
+    dist_async's spread-out workers, "(spread out)" after the first two) and plan_formula."""
     one_direction, push, pull = link
     result = {}
     for mode in modes:
