@@ -201,9 +201,9 @@ def measure_comm(args, place):
         return max(r["t_comm"] for r in _read_ranks(out, args.workers))
 
 
-def measure_mode(args, mode, place, hosts=None):
+def measure_mode(args, mode, place, records=None):
     """(samples/s of the whole job, dist_odsgd overlap summaries or None, {role: cores in
-    use during the timed window}, the resolution of that figure in cores). With `hosts` (a
+    use during the timed window}, the resolution of that figure in cores). With `records` (a
     list), what the job did besides is appended to it as one dict: on emulated hosts what the
     link did, TCP's and the queues' counters per step (`tcp_per_step`,
     odsgd.bench.tcp_counters) and the first server's NIC over the timed window (`server_nic`,
@@ -211,7 +211,7 @@ def measure_mode(args, mode, place, hosts=None):
     (`paced_phases`: each phase's mean over the workers, odsgd.bench.paced.PHASES, and the
     longest worker's wait for weights)."""
     meter = JobCPUMeter()
-    cluster = place.get("hosts") if hosts is not None else None
+    cluster = place.get("hosts") if records is not None else None
     nic = nic_meter.server_nic_meter(place, "throughput") if cluster else None
     with tempfile.TemporaryDirectory() as out, meter, nic or contextlib.nullcontext(), \
             tcp_counters.counting(cluster, args.skip + args.steps) as tcp_per_step:
@@ -230,8 +230,8 @@ def measure_mode(args, mode, place, hosts=None):
         counts["paced_phases"] = dict(
             {name: statistics.mean(p[name] for p in phases) for name in phases[0]},
             wait_weights_max=max(p["wait_weights"] for p in phases))
-    if hosts is not None and counts:
-        hosts.append(counts)
+    if records is not None and counts:
+        records.append(counts)
     cores = window_cores(meter, ranks)
     overlap = [r["overlap"] for r in ranks if "overlap" in r]
     return (sum(r["samples_per_sec"] for r in ranks), overlap or None, cores,
@@ -286,7 +286,7 @@ def run(args):
         samples = {mode: [] for mode in args.mode_list}
         cores = {mode: [] for mode in args.mode_list}
         resolutions = {mode: [] for mode in args.mode_list}
-        hosts = {mode: [] for mode in args.mode_list}
+        records = {mode: [] for mode in args.mode_list}
         overlaps = []
         with job_placement(args.topology, shaped_mbit(args, bandwidth), args.workers,
                            args.servers, args.tcp_congestion) as place:
@@ -299,7 +299,7 @@ def run(args):
                 for mode in order:
                     tic = time.time()
                     rate, overlap, used, resolution = measure_mode(args, mode, place,
-                                                                   hosts[mode])
+                                                                   records[mode])
                     samples[mode].append(rate)
                     cores[mode].append(used)
                     resolutions[mode].append(resolution)
@@ -308,7 +308,7 @@ def run(args):
                     print("[%s] repeat %d/%d  %-10s %8.1f samples/s  %.2f cores  (%.0f s)"
                           % (_bw(bandwidth), repeat + 1, args.repeats, mode, rate,
                              sum(used.values()), time.time() - tic), flush=True)
-                    for counts in hosts[mode][-1:]:
+                    for counts in records[mode][-1:]:
                         if "paced_phases" in counts:
                             print("[%s]   %s" % (_bw(bandwidth), paced.phases_line(
                                 counts["paced_phases"])), flush=True)
@@ -319,7 +319,7 @@ def run(args):
                             print("[%s]   %s" % (_bw(bandwidth), nic_meter.summary_line(
                                 counts["server_nic"])), flush=True)
         runs.extend(_summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores,
-                               resolutions, hosts))
+                               resolutions, records))
     return runs
 
 
@@ -464,7 +464,7 @@ def _entry(args, mode, bandwidth, rates, t_comp, t_comm):
 
 
 def _summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores, resolutions=None,
-               hosts=None):
+               records=None):
     per_step = args.workers * args.batch_size
     shaped = shaped_mbit(args, bandwidth)
     sizes = compute.get("parameter_sizes")
@@ -483,7 +483,7 @@ def _summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores, resol
         known = [r for r in (resolutions or {}).get(mode, []) if r is not None]
         entry["cores_resolution"] = statistics.median(known) if known else None
         entry.update(plan_fields(entry, per_step, shaped, sizes, environ))
-        entry.update(hosts_fields((hosts or {}).get(mode)))
+        entry.update(record_fields((records or {}).get(mode)))
         if mode == "dist_odsgd":
             if sizes:
                 entry["largest_key_share"] = mode_shares(sizes, args.servers,
@@ -494,10 +494,11 @@ def _summarise(args, bandwidth, samples, compute, t_comm, overlaps, cores, resol
     return runs
 
 
-def hosts_fields(repeats):
+def record_fields(repeats):
     """What the link and the paced workers did, over the repeats of one mode (measure_mode's
-    `hosts`): each field's median (tcp_per_step, server_nic, paced_phases) and every repeat's
-    (hosts_all); {} where none was recorded."""
+    `records`): each field's median (tcp_per_step, server_nic, paced_phases) and every
+    repeat's (`hosts_all`, the name results recorded since the link's counters came first);
+    {} where none was recorded."""
     if not repeats:
         return {}
     fields = {"hosts_all": repeats}
