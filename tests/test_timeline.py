@@ -496,6 +496,8 @@ def test_rounds_command_on_written_traces(tmp_path, capsys):
         (tmp_path / ("timeline.rank%d.json" % rank)).write_text(json.dumps({"traceEvents": raw}))
     out = tmp_path / "rounds.json"
     assert rounds_command.main([str(tmp_path), "--parts", "1", "--json", str(out)]) == 0
+    # run again: the JSON it wrote beside the traces is not taken for a trace
+    assert rounds_command.main([str(tmp_path), "--parts", "1", "--json", str(out)]) == 0
     steady = json.loads(out.read_text())["steady"]
     assert steady["rounds"] == 3
     assert steady["round_trip"] == pytest.approx(1.3)

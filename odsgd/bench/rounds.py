@@ -34,13 +34,14 @@ def parse_args(argv=None):
 
 
 def trace_files(paths):
-    """The trace files of `paths`: files as given, folders' *.json in name order."""
+    """The trace files of `paths`: files as given, folders' traces (timeline.trace_file's
+    names, `*.rank<k>.json`) in name order, so that a --json written there is not read."""
     files = []
     for path in paths:
         if os.path.isdir(path):
-            found = sorted(glob.glob(os.path.join(path, "*.json")))
+            found = sorted(glob.glob(os.path.join(path, "*.rank*.json")))
             if not found:
-                raise SystemExit("%s holds no trace (*.json); record one with "
+                raise SystemExit("%s holds no trace (*.rank<k>.json); record one with "
                                  "ODSGD_TIMELINE=%s/" % (path, path.rstrip("/")))
             files += found
         else:
