@@ -463,12 +463,30 @@ def leftovers(ignore_creators=()):
     return found
 
 
-def other_live_creators():
-    """Pids of the live processes other than this one whose emulated clusters exist now (a
-    benchmark beside the tests): what a check for leftovers leaves to them."""
+def other_creators():
+    """Pids of the processes other than this one whose emulated clusters exist now, running
+    or not (a benchmark beside the tests, or a job killed before it could tear down): what a
+    check for leftovers leaves to them, as they were there before it."""
     creators = {creator_pid(os.path.basename(entry.split()[1])) for entry in leftovers()}
-    return {pid for pid in creators
-            if pid is not None and pid != os.getpid() and os.path.exists("/proc/%d" % pid)}
+    return {pid for pid in creators if pid is not None and pid != os.getpid()}
+
+
+def remove_orphans():
+    """Tears down what emulated clusters of processes that no longer run left behind (their
+    maker was killed by SIGKILL, or the machine's session ended under it): the processes on
+    their hosts, their namespaces (veths and bridge go with them) and folders. Returns what it
+    removed, as `leftovers` names it."""
+    orphans = {pid for pid in other_creators() if not os.path.exists("/proc/%d" % pid)}
+    removed = [entry for entry in leftovers()
+               if creator_pid(os.path.basename(entry.split()[1])) in orphans]
+    for entry in removed:
+        kind, path = entry.split()[:2]
+        if kind == "namespace":
+            _kill_all_in(path)
+            _run(["ip", "netns", "delete", path], check=False)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+    return removed
 
 
 def creator_pid(name):
@@ -530,7 +548,10 @@ def parse_args(argv=None):
         prog="python -m odsgd.emulate",
         description="Runs COMMAND on the first of N emulated hosts (network namespaces with "
                     "a shaped NIC and an sshd each); ODSGD_HOSTFILE names the hostfile.")
-    parser.add_argument("--hosts", type=int, required=True, help="number of hosts")
+    parser.add_argument("--hosts", type=int, help="number of hosts")
+    parser.add_argument("--remove-orphans", action="store_true",
+                        help="only tear down what emulated clusters of processes that no "
+                             "longer run left behind (namespaces, their processes, folders)")
     parser.add_argument("--mbit", type=float, default=0,
                         help="rate of every NIC, each direction, in Mbit/s (0: unshaped)")
     parser.add_argument("--delay-ms", type=float, default=0,
@@ -544,6 +565,10 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
+    if args.remove_orphans:
+        return args
+    if args.hosts is None:
+        parser.error("give the number of hosts: --hosts N")
     if not args.command:
         parser.error("give the command to run after --, e.g. -- python -m odsgd.launch "
                      "--launcher ssh -H '$ODSGD_HOSTFILE' ...")
@@ -552,6 +577,15 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.remove_orphans:
+        if os.geteuid() != 0:
+            print("odsgd.emulate: --remove-orphans needs root (it deletes network namespaces)",
+                  file=sys.stderr)
+            return 2
+        removed = remove_orphans()
+        print("odsgd.emulate: removed %d orphans%s" % (
+            len(removed), "".join("\n  " + entry for entry in removed)), file=sys.stderr)
+        return 0
 
     def on_sigterm(signum, _frame):
         raise KeyboardInterrupt("signal %d" % signum)

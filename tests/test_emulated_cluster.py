@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.skipif(MISSING is not None, reason=str(MISSING)),
 def nothing_left_behind():
     # Clusters of other processes that ran before the test (a benchmark beside the tests)
     # are theirs; everything else, this test's subprocesses' included, must be gone.
-    others = emulate.other_live_creators()
+    others = emulate.other_creators()
     yield
     assert emulate.leftovers(ignore_creators=others) == []
     assert _emulated_sshds(ignore_creators=others) == []
@@ -232,6 +232,39 @@ def test_emulate_command_and_sigterm_leave_nothing():
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def test_remove_orphans_tears_down_a_cluster_whose_maker_was_killed():
+    """A cluster whose `odsgd.emulate` died by SIGKILL (no teardown) is found by `leftovers`,
+    sshd and the command on its host still running; `--remove-orphans` ends them and deletes
+    its namespaces and folder, and leaves a running maker's cluster alone."""
+    command = [sys.executable, "-m", "odsgd.emulate", "--hosts", "2", "--",
+               "sh", "-c", "echo ready; sleep 120"]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+                               env=dict(os.environ, PYTHONPATH=REPO))
+    try:
+        with emulate.EmulatedCluster(1) as running:
+            assert process.stdout.readline().strip() == "ready"
+            process.kill()                      # the maker only: its hosts go on running
+            process.wait(timeout=10)
+            orphans = emulate.leftovers(ignore_creators={os.getpid()})
+            assert len([e for e in orphans if e.startswith("namespace")]) == 3, orphans
+            assert _emulated_sshds(ignore_creators={os.getpid()}), "sshd of the orphan"
+            done = subprocess.run([sys.executable, "-m", "odsgd.emulate", "--remove-orphans"],
+                                  cwd=REPO, capture_output=True, text=True, timeout=60,
+                                  env=dict(os.environ, PYTHONPATH=REPO))
+            assert done.returncode == 0, done.stderr
+            assert "removed %d orphans" % len(orphans) in done.stderr, done.stderr
+            assert emulate.leftovers(ignore_creators={os.getpid()}) == []
+            assert _emulated_sshds(ignore_creators={os.getpid()}) == []
+            # the running maker's cluster is untouched
+            assert subprocess.run(running.on_host(0, ["true"])).returncode == 0
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        emulate.remove_orphans()
 
 
 # -- jobs across hosts ----------------------------------------------------------------------

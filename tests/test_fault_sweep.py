@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
 def test_link_down_with_rounds_in_flight_ends_the_job_and_keeps_the_saves(tmp_path):
     args = faults.parse_args(["--steps", "6", "--save-every", "2", "--fault-step", "5",
                               "--save-step", "4", "--timeout", "90"])
-    others = emulate.other_live_creators()
+    others = emulate.other_creators()
     row = faults.run_fault(faults.Sweep(args, str(tmp_path)), "link down", "in-flight")
     assert row["exit_code"] == 1, row
     assert row["seconds"] <= faults.END_SECONDS, row

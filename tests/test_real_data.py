@@ -271,7 +271,7 @@ def test_time_to_accuracy_on_emulated_hosts(tmp_path):
     NICs shaped; the curves are the jobs' own and nothing of the emulation is left."""
     from odsgd import emulate
     from odsgd.bench import time_to_accuracy
-    others = emulate.other_live_creators()   # a benchmark's beside the tests are its own
+    others = emulate.other_creators()   # a benchmark's beside the tests are its own
     code = time_to_accuracy.main(
         ["--dataset", _data_set(), "--modes", "dist_sync,dist_odsgd", "--seeds", "0",
          "--topology", "hosts", "--bandwidth-mbit", "200", "--epochs", "2",
