@@ -51,7 +51,9 @@ class RoundExchange(object):
             else:
                 # The answer's own array, then the group's buffer: the copies into slices of
                 # one buffer run in part order (one engine variable), and the part's next
-                # fill must not wait for them (Part's docstring).
+                # fill must not wait for them (Part's docstring). Not one library gather of
+                # all answers: MXNet runs a worker's library operators in issue order, so the
+                # step's local update would wait for this round (docs/design.md).
                 self.raw.pushpull(part.key, part.send, out=part.answer)
                 part.answer.copyto(part.of(out))
         if counted:
