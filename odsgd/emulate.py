@@ -490,9 +490,10 @@ def remove_orphans():
 
 
 def creator_pid(name):
-    """The pid of the process that made the namespace or folder `name` (PREFIX-<pid>-...), or
-    None (the throwaway netem probe's name has none)."""
-    field = name[len(PREFIX) + 1:].split("-")[0]
+    """The pid of the process that made the namespace or folder `name` (PREFIX-<pid>-..., or
+    PREFIX-probe-<pid> for the throwaway netem probe), or None for a name of neither form."""
+    fields = name[len(PREFIX) + 1:].split("-")
+    field = fields[1] if fields[0] == "probe" and len(fields) > 1 else fields[0]
     return int(field) if field.isdigit() else None
 
 

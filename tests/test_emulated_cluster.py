@@ -234,6 +234,16 @@ def test_emulate_command_and_sigterm_leave_nothing():
             process.wait()
 
 
+def test_creator_pid_reads_every_name_the_emulation_makes():
+    """Namespaces, folders and the netem probe all name their maker, so that an orphan of any
+    of them is found and removed; other names have none."""
+    assert emulate.creator_pid("odsgd-emu-4181-19850-h0") == 4181
+    assert emulate.creator_pid("odsgd-emu-4181-19850-vmdtrl8u") == 4181
+    assert emulate.creator_pid("odsgd-emu-probe-77") == 77
+    assert emulate.creator_pid("odsgd-emu-probe") is None
+    assert emulate.creator_pid("odsgd-emu-x-1") is None
+
+
 def test_remove_orphans_tears_down_a_cluster_whose_maker_was_killed():
     """A cluster whose `odsgd.emulate` died by SIGKILL (no teardown) is found by `leftovers`,
     sshd and the command on its host still running; `--remove-orphans` ends them and deletes
