@@ -491,6 +491,23 @@ def test_each_nic_is_shaped_in_both_directions():
     assert both_to_server == pytest.approx(2 * expected, rel=0.25)
 
 
+def test_goodput_of_a_shaped_nic_is_the_payload_share_of_its_frames(tmp_path):
+    """`odsgd.bench goodput`: TCP payload through a shaped NIC, one way and both ways at
+    once, is MSS / (MTU + 14) of the rate (tbf counts whole frames): the ceiling of every
+    mode against the benchmarks' payload link bound."""
+    from odsgd.bench import goodput
+    out = tmp_path / "goodput.json"
+    # the paper cluster's 10 Gbit/s at byte scale 64; at 40 Mbit/s the ACKs of one flow wait
+    # behind the other's data in the 100 ms queue, and a flow ramps up over seconds
+    assert goodput.main(["--mbit", "156.25", "--seconds", "3", "--json", str(out)]) == 0
+    with open(out) as f:
+        rows = json.load(f)["rows"]
+    assert [r["flows"] for r in rows] == ["one way", "both ways", "both ways"]
+    for row in rows:
+        assert row["closed_form_share"] == pytest.approx(row["mss"] / (row["mtu"] + 14.0))
+        assert row["share"] == pytest.approx(row["closed_form_share"], abs=0.03), row
+
+
 _CONGESTION_OF_ONE_CONNECTION = r"""
 import socket, sys
 role, address, port = sys.argv[1], sys.argv[2], int(sys.argv[3])

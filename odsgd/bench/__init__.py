@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "plan": "odsgd.bench.plan",                # the step model's predictions; runs no job
     "rounds": "odsgd.bench.rounds",            # answers' spread across workers, from timelines
     "faults": "odsgd.bench.faults",            # the fault sweep of docs/reliability.md
+    "goodput": "odsgd.bench.goodput",          # TCP payload through a shaped emulated NIC
 }
 
 
