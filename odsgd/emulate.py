@@ -467,7 +467,7 @@ def other_creators():
     """Pids of the processes other than this one whose emulated clusters exist now, running
     or not (a benchmark beside the tests, or a job killed before it could tear down): what a
     check for leftovers leaves to them, as they were there before it."""
-    creators = {creator_pid(os.path.basename(entry.split()[1])) for entry in leftovers()}
+    creators = {_creator_of(entry) for entry in leftovers()}
     return {pid for pid in creators if pid is not None and pid != os.getpid()}
 
 
@@ -476,17 +476,24 @@ def remove_orphans():
     maker was killed by SIGKILL, or the machine's session ended under it): the processes on
     their hosts, their namespaces (veths and bridge go with them) and folders. Returns what it
     removed, as `leftovers` names it."""
-    orphans = {pid for pid in other_creators() if not os.path.exists("/proc/%d" % pid)}
-    removed = [entry for entry in leftovers()
-               if creator_pid(os.path.basename(entry.split()[1])) in orphans]
-    for entry in removed:
+    removed = []
+    for entry in leftovers():
+        pid = _creator_of(entry)
+        if pid is None or pid == os.getpid() or os.path.exists("/proc/%d" % pid):
+            continue
         kind, path = entry.split()[:2]
         if kind == "namespace":
             _kill_all_in(path)
             _run(["ip", "netns", "delete", path], check=False)
         else:
             shutil.rmtree(path, ignore_errors=True)
+        removed.append(entry)
     return removed
+
+
+def _creator_of(entry):
+    """The maker's pid of a `leftovers` entry ('namespace NAME (...)' or 'folder PATH')."""
+    return creator_pid(os.path.basename(entry.split()[1]))
 
 
 def creator_pid(name):
