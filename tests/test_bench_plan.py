@@ -137,7 +137,8 @@ def test_byte_scale_keeps_the_link_time_and_the_key_plan():
 ])
 def test_planner_closed_forms(topology, sync_ms, async_ms, odsgd_ms, binds):
     shares = {"dist_sync": 0.5, "dist_async": 0.5, "dist_odsgd": 0.25}
-    result = plan.plan_cluster(M, shares, 2, 1, B_MBIT, 100, 0.030, topology)
+    # the formulas at the whole rate (test_payload_share: the share TCP's headers leave)
+    result = plan.plan_cluster(M, shares, 2, 1, B_MBIT, 100, 0.030, topology, payload=1.0)
     modes = result["modes"]
     for mode, ms in (("dist_sync", sync_ms), ("dist_async", async_ms),
                      ("dist_odsgd", odsgd_ms)):
@@ -153,6 +154,58 @@ def test_planner_closed_forms(topology, sync_ms, async_ms, odsgd_ms, binds):
     # the CPU, where measured, bounds MXNet's modes as a term of its own
     assert step_model.mode_step("dist_sync", 0.03, 0.016, 0.016, 0.016, 0.5, 0.1) == \
         (0.1, "cpu")
+
+
+def test_payload_share():
+    """TCP's payload share of a link's rate, MSS / (MTU + frame bytes), MSS = MTU - 52: worked
+    by hand for the emulated hosts (tc counts the 14 bytes of Ethernet's header), a real
+    Ethernet wire (38) and jumbo frames; the emulated hosts' share is what `odsgd.bench
+    goodput` measured through a shaped NIC (results/goodput.json); the model's link times
+    take the whole rate times the share."""
+    assert step_model.payload_share() == pytest.approx(1448 / 1514.0)
+    assert step_model.payload_share(frame_bytes=step_model.ETHERNET_FRAME_BYTES) == \
+        pytest.approx(1448 / 1538.0)
+    assert step_model.payload_share(9000, 38) == pytest.approx(8948 / 9038.0)
+    assert step_model.payload_share(1500, 14, mss=1460) == pytest.approx(1460 / 1514.0)
+    assert step_model.topology_payload_share("loopback") == 1.0
+    with open(os.path.join(REPO, "results", "goodput.json")) as f:
+        measured = [row["share"] for row in json.load(f)["rows"]]
+    assert len(measured) == 6
+    for share in measured:
+        assert share == pytest.approx(step_model.topology_payload_share("hosts"), abs=0.005)
+    whole = step_model.link_times("hosts", 2, 1, M, B_MBIT, payload=1.0)
+    assert whole == (pytest.approx(0.016),) * 3                  # 2 M / R at the whole rate
+    assert step_model.link_times("hosts", 2, 1, M, B_MBIT) == \
+        tuple(pytest.approx(t * 1514 / 1448.0) for t in whole)
+    assert step_model.link_times("loopback", 2, 1, M, B_MBIT) == \
+        (pytest.approx(0.032), pytest.approx(0.016), pytest.approx(0.016))
+
+
+def test_replan_recomputes_only_the_predictions(tmp_path, capsys):
+    """`odsgd.bench replan`: a recorded run whose predictions are stale (made so here) gets
+    today's model's back, every other field as recorded; --check finds the stale run, and
+    passes on every results JSON of the repository (their predictions are today's)."""
+    from odsgd.bench import replan
+    source = os.path.join(REPO, "results", "paper_cluster_rn50_8w1s.json")
+    with open(source) as f:
+        document = json.load(f)
+    stale = json.loads(json.dumps(document))
+    stale["runs"][0]["plan_samples_per_sec"] *= 1.5
+    stale["runs"][2]["predicted_samples_per_sec"] *= 0.5
+    path = tmp_path / "stale.json"
+    path.write_text(json.dumps(stale, indent=1))
+    assert replan.main(["--check", str(path)]) == 1
+    assert json.loads(path.read_text()) == stale                # --check writes nothing
+    assert replan.main([str(path)]) == 0
+    assert json.loads(path.read_text()) == document
+    assert replan.main(["--check", str(path)]) == 0
+    recorded = [p for p in glob.glob(os.path.join(REPO, "results", "**", "*.json"),
+                                     recursive=True)
+                if '"plan_samples_per_sec"' in open(p).read()
+                or '"predicted_samples_per_sec"' in open(p).read()]
+    assert len(recorded) >= 20
+    capsys.readouterr()
+    assert replan.main(["--check"] + sorted(recorded)) == 0, capsys.readouterr().out
 
 
 def _recorded(pattern):
@@ -200,7 +253,9 @@ def test_planner_reproduces_the_recorded_predictions():
                                    r["predicted_t_comp"], r["topology"])
         assert result["modes"]["dist_odsgd"]["plan_samples_per_sec"] == pytest.approx(
             r["predicted_samples_per_sec"], rel=1e-9), (name, r["bandwidth_mbit"])
-        assert result["t_link"] == pytest.approx(r["wire_seconds"], rel=1e-9)
+        # the bound's t_link counts the payload at the whole rate, the model's at its share
+        assert result["t_link"] * result["payload_share"] == pytest.approx(r["wire_seconds"],
+                                                                           rel=1e-9)
         checked += 1
     assert checked == 9
 
@@ -229,13 +284,15 @@ def test_sync_and_async_models_fit_the_measured_hosts_tables():
             link, r["workers"] * r["batch_size"], r["t_comp"], shares, cpu, [r["mode"]],
             step_model.spread_workers(r["topology"], r["workers"]))[r["mode"]]
         ratios[r["mode"]].append(r["samples_per_sec"] / predicted["plan_samples_per_sec"])
-    # dist_async: 15 runs of the tables before issue 34, 7 of its re-measured 2-worker table
-    # (measured again with the weights-ready window: median 1.03 before, 0.99 now)
+    # dist_async: 15 runs of the tables before issue 34, 7 of its re-measured 2-worker table.
+    # The link's payload share (step_model.payload_share) moved the medians from 1.04 and 0.99
+    # to 1.07 and 1.02, and dist_sync's largest from 1.18 to 1.20: the ceiling 1.2 became
+    # 1.25 then, with the term, not the runs, changed (docs/benchmarks.md)
     assert len(ratios["dist_sync"]) == 6 and len(ratios["dist_async"]) == 22
-    assert statistics.median(ratios["dist_sync"]) == pytest.approx(1.04, abs=0.01)
-    assert statistics.median(ratios["dist_async"]) == pytest.approx(0.99, abs=0.01)
-    assert 0.9 < min(ratios["dist_sync"]) and max(ratios["dist_sync"]) < 1.2
-    assert 0.7 < min(ratios["dist_async"]) and max(ratios["dist_async"]) < 1.2
+    assert statistics.median(ratios["dist_sync"]) == pytest.approx(1.07, abs=0.01)
+    assert statistics.median(ratios["dist_async"]) == pytest.approx(1.02, abs=0.01)
+    assert 0.9 < min(ratios["dist_sync"]) and max(ratios["dist_sync"]) < 1.25
+    assert 0.7 < min(ratios["dist_async"]) and max(ratios["dist_async"]) < 1.25
 
 
 def test_paper_cluster_table_against_the_planner():
@@ -269,7 +326,9 @@ def test_paper_cluster_table_against_the_planner():
 
 def test_planner_command(capsys):
     """16 V100s at batch 128 (333.3 ms), 4 servers, 25 Gbit/s: t_link = 16 M / (4 R) =
-    130.9 ms < t_comp, so dist_odsgd is compute-bound at 16 x 128 / 0.3333 = 6144 samples/s."""
+    130.9 ms at the whole rate, 139.1 ms at the payload share of a real Ethernet wire (1448 /
+    1538; 136.9 at the emulated hosts' 1448 / 1514) < t_comp, so dist_odsgd is compute-bound
+    at 16 x 128 / 0.3333 = 6144 samples/s."""
     with tempfile.TemporaryDirectory() as folder:
         out = os.path.join(folder, "plan.json")
         assert plan.main(["--model", "resnet50_v1", "--workers", "16", "--servers", "4",
@@ -279,11 +338,16 @@ def test_planner_command(capsys):
     text = capsys.readouterr().out
     row = next(line for line in text.splitlines() if line.startswith("dist_odsgd"))
     assert "6144.0" in row and "compute" in row
-    assert "t_link = max(M/R, N*M/(S*R)) = 130.9 ms" in text
+    assert "t_link = max(M/R, N*M/(S*R)) = 139.1 ms (R: TCP's payload, 0.941 of the rate)" \
+        in text
     assert "DeepLearningExamples" in text and "0.57 ms" in text      # source, local update
     (result,) = saved
     assert result["t_comp"] == pytest.approx(128 / 384.0)
     assert result["parameter_bytes"] == 4 * 25575912
+    assert result["payload_share"] == pytest.approx(1448 / 1538.0)
+    plan.main(["--model", "resnet50_v1", "--workers", "16", "--servers", "4", "--gbit", "25",
+               "--device", "v100", "--frame-bytes", "14"])
+    assert "= 136.9 ms (R: TCP's payload, 0.956 of the rate)" in capsys.readouterr().out
     # a measured time per model, scaled linearly to the batch size
     plan.main(["--model", "cifar_resnet20_v1", "--workers", "2", "--gbit", "1", "--step-times",
                '{"cifar_resnet20_v1": {"batch_size": 64, "step_ms": 10}}'])
@@ -297,6 +361,7 @@ def test_planner_command(capsys):
     (["--device", "v100", "--gbit", "0"], "--gbit takes numbers > 0"),
     (["--device", "v100", "--workers", "two"], "--workers takes numbers > 0"),
     (["--step-ms", "-5"], "--step-ms must be > 0"),
+    (["--device", "v100", "--mtu", "100"], "--mtu must be >= 576"),
     (["--step-times", "{not json"], "--step-times must be a JSON file or JSON text"),
     (["--step-times", '{"resnet18_v2": 5}'], "--step-times has no entry for 'resnet50_v1'"),
     (["--step-times", '{"resnet50_v1": {"step_ms": 5}}'], "must be ms, or"),
@@ -334,7 +399,8 @@ def test_throughput_options_of_paced_workers(capsys):
 def test_paced_entries_carry_every_modes_prediction(capsys):
     """A made-up paced run on hosts (no jobs): N=2, S=1, batch 100, byte scale 4 at a nominal
     4000 Mbit/s (NICs at 1000), M = 1 MB scaled, t_comp 30 ms: t_link = push = pull = 16 ms;
-    dist_async 30 + 16 = 46 ms; each mode's rate and what binds, the paced fields."""
+    dist_async 30 + 16 = 46 ms at the whole rate, 30 + 16.73 at TCP's payload share (1448 /
+    1514); each mode's rate and what binds, the paced fields."""
     import argparse
     args = argparse.Namespace(workers=2, servers=1, batch_size=100, topology="hosts",
                               model="cifar_resnet20_v1", mlp_hidden=8, dense_layers=1,
@@ -345,8 +411,9 @@ def test_paced_entries_carry_every_modes_prediction(capsys):
     cores = {mode: [{"worker": 0.1}] for mode in step_model.MODES}
     runs = throughput._summarise(args, 4 * B_MBIT, rates, compute, 0.02, [], cores)
     by_mode = {r["mode"]: r for r in runs}
-    assert by_mode["dist_async"]["plan_step_seconds"] == pytest.approx(0.046)
-    assert by_mode["dist_async"]["plan_samples_per_sec"] == pytest.approx(200 / 0.046)
+    step = 0.03 + 0.016 * 1514 / 1448.0
+    assert by_mode["dist_async"]["plan_step_seconds"] == pytest.approx(step)
+    assert by_mode["dist_async"]["plan_samples_per_sec"] == pytest.approx(200 / step)
     assert by_mode["dist_odsgd"]["plan_samples_per_sec"] == \
         pytest.approx(by_mode["dist_odsgd"]["predicted_samples_per_sec"])
     for r in runs:
@@ -355,8 +422,8 @@ def test_paced_entries_carry_every_modes_prediction(capsys):
     throughput.print_table(runs)
     table = capsys.readouterr().out
     row = next(line for line in table.splitlines() if "dist_async" in line and "Mbit/s" in line)
-    assert "%.1f" % (200 / 0.046) in row and row.split()[-1] == "%.2f" % (2000 * 0.046 / 200)
-    assert "T = min(t_comp + t_link, MVA of N workers on the busiest NIC) = 46.0 ms" in table
+    assert "%.1f" % (200 / step) in row and row.split()[-1] == "%.2f" % (2000 * step / 200)
+    assert "T = min(t_comp + t_link, MVA of N workers on the busiest NIC) = 46.7 ms" in table
     assert "byte scale 4: arrays and link / 4 (NICs shaped to 1000 Mbit/s)" in table
 
 

@@ -144,11 +144,16 @@ def test_largest_key_share(sizes, fusion, parts, share):
 def test_push_and_pull_times_closed_forms(topology, workers, servers, push_ms):
     from odsgd.bench import throughput
     from odsgd.bench.jobs import link_step_seconds
-    push, pull = throughput.push_pull_seconds(topology, workers, servers, M, B_MBIT)
+    # at the whole rate (test_bench_plan.test_payload_share: the share TCP's headers leave)
+    push, pull = throughput.push_pull_seconds(topology, workers, servers, M, B_MBIT, 1.0)
     assert (push, pull) == (pytest.approx(push_ms / 1e3), pytest.approx(push_ms / 1e3))
     t_link = link_step_seconds(topology, workers, servers, M, B_MBIT)
     # hosts: pushes and pulls each fill one direction; loopback: both share the one queue
     assert (push if topology == "hosts" else push + pull) == pytest.approx(t_link)
+    # by default each at the topology's payload share: 1448 / 1514 on hosts, all on loopback
+    share = 1448 / 1514.0 if topology == "hosts" else 1.0
+    assert throughput.push_pull_seconds(topology, workers, servers, M, B_MBIT) == \
+        (pytest.approx(push_ms / 1e3 / share), pytest.approx(push_ms / 1e3 / share))
     assert throughput.push_pull_seconds(topology, workers, servers, M, 0) is None
 
 
@@ -156,8 +161,9 @@ def test_push_and_pull_times_closed_forms(topology, workers, servers, push_ms):
 def test_predicted_rate_of_dist_odsgd(capsys):
     """The made-up run of test_bound_fields_and_table for dist_odsgd: CPU seconds per step
     median(1.0 * 200 / 10000, 2.0 * 200 / 4000) = 0.06, over 2 cores 30 ms > t_comp 10 ms, so
-    the model's t_comp is 30 ms. hosts: t_link = push = pull = 16 ms, T = max(30, 16,
-    (16 + 16 + 30) / 2 = 31) = 31 ms, 200 / 0.031 samples/s. loopback: t_link 32 ms,
+    the model's t_comp is 30 ms. hosts: the bound's t_link 16 ms, the model's at TCP's
+    payload share 1448 / 1514: t_link = push = pull = 16.73 ms, T = max(30, 16.73, (16.73 +
+    16.73 + 30) / 2 = 31.73) = 31.73 ms, 200 / 0.03173 samples/s. loopback: t_link 32 ms,
     push = pull = 16 ms, T = max(30, 32, 31) = 32 ms. Unshaped and other modes: none."""
     import argparse
     from odsgd.bench import throughput
@@ -177,10 +183,11 @@ def test_predicted_rate_of_dist_odsgd(capsys):
     hosts, loopback = od[("hosts", B_MBIT)], od[("loopback", B_MBIT)]
     assert hosts["cpu_seconds_per_step"] == pytest.approx(0.06)
     assert hosts["predicted_t_comp"] == pytest.approx(0.03)
+    link = 0.016 * 1514 / 1448.0
     assert (hosts["predicted_push_seconds"], hosts["predicted_pull_seconds"]) == \
-        (pytest.approx(0.016), pytest.approx(0.016))
-    assert hosts["predicted_step_seconds"] == pytest.approx(0.031)
-    assert hosts["predicted_samples_per_sec"] == pytest.approx(200 / 0.031)
+        (pytest.approx(link), pytest.approx(link))
+    assert hosts["predicted_step_seconds"] == pytest.approx((2 * link + 0.03) / 2)
+    assert hosts["predicted_samples_per_sec"] == pytest.approx(200 / ((2 * link + 0.03) / 2))
     assert loopback["predicted_step_seconds"] == pytest.approx(0.032)
     assert loopback["predicted_samples_per_sec"] == pytest.approx(6250)
     assert "predicted_samples_per_sec" not in od[("hosts", 0)]
@@ -194,9 +201,11 @@ def test_predicted_rate_of_dist_odsgd(capsys):
     assert "predicted" in next(line for line in table.splitlines() if "x bound" in line)
     row = next(line for line in table.splitlines()
                if "dist_odsgd" in line and "Mbit/s" in line)
-    # 6451.6 predicted; median 7000 measured: 7000 * 0.031 / 200 = 1.085 of it
-    assert "6451.6" in row and row.split()[-1] == "%.2f" % (7000 * 0.031 / 200)
-    assert "T = max(t_comp, t_link, (push + s * pull + t_comp) / 2) = 31.0 ms" in table
+    # 6303.3 predicted; median 7000 measured: 7000 * 0.03173 / 200 = 1.11 of it
+    step = (2 * link + 0.03) / 2
+    assert "%.1f" % (200 / step) in row and row.split()[-1] == "%.2f" % (7000 * step / 200)
+    assert "T = max(t_comp, t_link, (push + s * pull + t_comp) / 2) = 31.7 ms (t_comp 30.0 " \
+        "ms, t_link 16.7 ms, push 16.7 ms, pull 16.7 ms, s 1.00; payload 0.956 of R" in table
 
 
 def namespaces():

@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "rounds": "odsgd.bench.rounds",            # answers' spread across workers, from timelines
     "faults": "odsgd.bench.faults",            # the fault sweep of docs/reliability.md
     "goodput": "odsgd.bench.goodput",          # TCP payload through a shaped emulated NIC
+    "replan": "odsgd.bench.replan",            # recorded runs' predictions, model changed
 }
 
 

@@ -15,6 +15,7 @@ import sys
 import time
 
 from .. import emulate
+from .step_model import payload_share
 
 PORT = 5301
 
@@ -56,12 +57,6 @@ def parse_args(argv=None):
                    help="TCP congestion control of the hosts (default %(default)s)")
     p.add_argument("--json", default=None, help="write the rows here")
     return p.parse_args(argv)
-
-
-def payload_share(mss, mtu):
-    """The share of a shaped rate that TCP payload can fill: MSS bytes a frame of MTU + 14
-    (the Ethernet header) bytes."""
-    return mss / (mtu + 14.0)
 
 
 def transfers(cluster, pairs, seconds):
@@ -108,7 +103,7 @@ def measure(mbit, seconds, congestion=emulate.CONGESTION):
             for (rate, mss), (src, dst) in zip(transfers(cluster, pairs, seconds), pairs):
                 rows.append({"mbit": mbit, "flows": name, "from_host": src, "to_host": dst,
                              "goodput_mbit": rate, "share": rate / mbit, "mss": mss,
-                             "mtu": mtu, "closed_form_share": payload_share(mss, mtu),
+                             "mtu": mtu, "closed_form_share": payload_share(mtu, mss=mss),
                              "tcp_congestion": congestion})
         return rows
 

@@ -7,7 +7,8 @@ chain), from the step model the throughput benchmark prints beside its measureme
         --device v100
 
 One NIC per worker and per server, each direction at --gbit (the emulated hosts of
-`throughput --topology hosts`). The computation comes from --step-ms, else from
+`throughput --topology hosts`), of which TCP's payload fills MSS / (MTU + --frame-bytes):
+0.941 on a real Ethernet wire at MTU 1500, 0.956 on the emulated hosts (--frame-bytes 14). The computation comes from --step-ms, else from
 --step-times (measured step times per model), else from --device (published figures,
 odsgd/bench/device_profiles.py). --workers and --gbit take comma-separated lists.
 """
@@ -19,8 +20,9 @@ import sys
 from . import device_profiles
 from .jobs import TOPOLOGIES
 from .model_shapes import MODEL_NAMES, scaled_sizes
-from .step_model import (LINK_FORMULA, MODES, link_times, mode_shares, predict_modes,
-                         spread_workers)
+from .step_model import (ETHERNET_FRAME_BYTES, LINK_FORMULA, MODES, link_times, mode_shares,
+                         payload_share, predict_modes, spread_workers,
+                         topology_payload_share)
 
 BYTES_PER_ELEMENT = 4     # float32 weights and gradients, as the store exchanges them
 
@@ -46,6 +48,12 @@ def parse_args(argv=None):
     p.add_argument("--topology", choices=TOPOLOGIES, default="hosts",
                    help="hosts: a NIC per worker and per server; loopback: one shaped queue "
                         "for every process")
+    p.add_argument("--mtu", type=int, default=1500,
+                   help="the NICs' MTU in bytes (9000 for jumbo frames)")
+    p.add_argument("--frame-bytes", type=int, default=ETHERNET_FRAME_BYTES,
+                   help="bytes a frame costs beyond its IP packet (default %(default)s: "
+                        "Ethernet's header, check, preamble and gap; 14 on the emulated "
+                        "hosts, whose shaper counts the header only)")
     p.add_argument("--json", default=None, help="also write the predictions here")
     args = p.parse_args(argv)
     try:
@@ -53,6 +61,10 @@ def parse_args(argv=None):
         args.gbits = _positive_list(args.gbit, float, "--gbit")
         if args.servers < 1 or args.batch_size < 1:
             raise ValueError("--servers and --batch-size must be >= 1")
+        if args.mtu < 576 or args.frame_bytes < 0:
+            raise ValueError("--mtu must be >= 576 (IPv4's least) and --frame-bytes >= 0, "
+                             "got %d and %d" % (args.mtu, args.frame_bytes))
+        args.payload_share = payload_share(args.mtu, args.frame_bytes)
         scaled_sizes(args.model)
         args.t_comp, args.t_comp_source = compute_seconds(args)
     except ValueError as refusal:
@@ -130,13 +142,16 @@ def measured_step_seconds(entry, batch_size):
 
 
 def plan_cluster(parameter_bytes, shares, workers, servers, bandwidth_mbit, batch_size,
-                 t_comp, topology="hosts"):
+                 t_comp, topology="hosts", payload=None):
     """The inputs of the step model for one cluster, with {mode: prediction}
-    (step_model.predict_modes) under "modes"."""
+    (step_model.predict_modes) under "modes". `payload`: the share of the rate TCP's payload
+    fills (default the emulated topology's, step_model.topology_payload_share)."""
+    payload = topology_payload_share(topology) if payload is None else payload
     t_link, push, pull = link_times(topology, workers, servers, parameter_bytes,
-                                    bandwidth_mbit)
+                                    bandwidth_mbit, payload)
     return {"topology": topology, "workers": workers, "servers": servers,
-            "bandwidth_mbit": bandwidth_mbit, "batch_size": batch_size,
+            "bandwidth_mbit": bandwidth_mbit, "payload_share": payload,
+            "batch_size": batch_size,
             "parameter_bytes": parameter_bytes, "t_comp": t_comp, "t_link": t_link,
             "push_seconds": push, "pull_seconds": pull, "shares": shares,
             "modes": predict_modes((t_link, push, pull), workers * batch_size, t_comp,
@@ -144,12 +159,13 @@ def plan_cluster(parameter_bytes, shares, workers, servers, bandwidth_mbit, batc
 
 
 def plan_model(model, workers, servers, bandwidth_mbit, batch_size, t_comp, topology="hosts",
-               environ=None):
+               environ=None, payload=None):
     """plan_cluster for `model`'s arrays (model_shapes), with the shares the store's
     settings in `environ` give them (default this process's)."""
     sizes = scaled_sizes(model)
     result = plan_cluster(BYTES_PER_ELEMENT * sum(sizes), mode_shares(sizes, servers, environ),
-                          workers, servers, bandwidth_mbit, batch_size, t_comp, topology)
+                          workers, servers, bandwidth_mbit, batch_size, t_comp, topology,
+                          payload)
     result.update(model=model, parameter_arrays=len(sizes))
     return result
 
@@ -157,9 +173,11 @@ def plan_model(model, workers, servers, bandwidth_mbit, batch_size, t_comp, topo
 def print_plan(result):
     r = result
     print("\nN = %d workers, S = %d servers, %g Gbit/s per NIC direction (%s): t_link = %s = "
-          "%.1f ms, push %.1f ms, pull %.1f ms; t_comp %.1f ms"
+          "%.1f ms (R: TCP's payload, %.3f of the rate), push %.1f ms, pull %.1f ms; "
+          "t_comp %.1f ms"
           % (r["workers"], r["servers"], r["bandwidth_mbit"] / 1e3, r["topology"],
-             LINK_FORMULA[r["topology"]], 1e3 * r["t_link"], 1e3 * r["push_seconds"],
+             LINK_FORMULA[r["topology"]], 1e3 * r["t_link"], r["payload_share"],
+             1e3 * r["push_seconds"],
              1e3 * r["pull_seconds"], 1e3 * r["t_comp"]))
     sync = r["modes"]["dist_sync"]["plan_samples_per_sec"]
     print("%-11s %10s %9s %7s %6s  %-20s %s" % ("mode", "samples/s", "step ms", "x sync",
@@ -199,7 +217,9 @@ def main(argv=None):
     for workers in args.worker_counts:
         for gbit in args.gbits:
             result = plan_model(args.model, workers, args.servers, gbit * 1e3,
-                                args.batch_size, args.t_comp, args.topology)
+                                args.batch_size, args.t_comp, args.topology,
+                                payload=args.payload_share if args.topology == "hosts"
+                                else None)
             print_plan(result)
             results.append(result)
     if args.device is not None:

@@ -3,8 +3,9 @@ computation t_comp and the link, the one place of the formulas that `odsgd.bench
 (its predicted column) and `odsgd.bench plan` use.
 
 Inputs: t_comp (one worker's forward and backward), t_link (one step's bytes through the
-busiest direction of the busiest shaped queue, odsgd.bench.jobs.link_step_seconds), push and
-pull (push_pull_seconds) and s, the largest server key's share of the parameters (the answer
+busiest direction of the busiest shaped queue, odsgd.bench.jobs.link_step_seconds, at the
+share of the rate that TCP payload can fill: payload_share), push and pull
+(push_pull_seconds) and s, the largest server key's share of the parameters (the answer
 the chain waits for last: largest_key_share for dist_odsgd, sync_key_share for MXNet's own
 stores). docs/benchmarks.md, "Accelerator-paced workers and the planner", derives them and
 shows how they fit the measured tables.
@@ -24,9 +25,34 @@ FORMULAS = {"dist_sync": "t_comp + max(push + s * pull, t_link)",
             "dist_odsgd": "max(t_comp, t_link, (push + s * pull + t_comp) / 2)"}
 
 
-def push_pull_seconds(topology, workers, servers, parameter_bytes, bandwidth_mbit):
+#: bytes of a TCP segment's headers (IPv4 20, TCP 20, its timestamp option 12): MSS = MTU - 52
+TCP_IP_HEADER_BYTES = 52
+#: bytes a frame costs on the link beyond its IP packet: the emulated hosts' shaper (tc)
+#: counts the Ethernet header only (`python -m odsgd.bench goodput` measures it); a real
+#: Ethernet wire also carries the frame check (4), the preamble (8) and the gap (12)
+EMULATED_FRAME_BYTES = 14
+ETHERNET_FRAME_BYTES = 38
+
+
+def payload_share(mtu=1500, frame_bytes=EMULATED_FRAME_BYTES, mss=None):
+    """The share of a link's rate that TCP payload can fill: MSS bytes in every frame of
+    MTU + frame_bytes (docs/benchmarks.md, "What the link carries"; MSS = MTU - 52 unless
+    given)."""
+    mss = mtu - TCP_IP_HEADER_BYTES if mss is None else mss
+    return mss / float(mtu + frame_bytes)
+
+
+def topology_payload_share(topology):
+    """payload_share of the emulated hosts' NICs (MTU 1500); 1.0 on the shaped loopback,
+    whose segments of up to 64 KiB carry headers of a thousandth of them."""
+    return payload_share() if topology == "hosts" else 1.0
+
+
+def push_pull_seconds(topology, workers, servers, parameter_bytes, bandwidth_mbit,
+                      payload=None):
     """(push, pull): one step's time of its pushes and of its pulls on the busiest shaped
-    queue each passes, R = link_bytes_per_sec; None unshaped.
+    queue each passes, R = link_bytes_per_sec x `payload` (the payload's share of the rate,
+    default topology_payload_share); None unshaped.
 
     hosts: the pushes go out of the workers' NICs and into the servers', the pulls the other
     way, each on the other direction of a full-duplex NIC: each direction's busiest queue
@@ -36,6 +62,7 @@ def push_pull_seconds(topology, workers, servers, parameter_bytes, bandwidth_mbi
     rate = link_bytes_per_sec(bandwidth_mbit)
     if rate is None:
         return None
+    rate *= topology_payload_share(topology) if payload is None else payload
     if topology == "hosts":
         one_way = step_wire_bytes(topology, workers, servers, parameter_bytes) / rate
         return one_way, one_way
@@ -44,14 +71,17 @@ def push_pull_seconds(topology, workers, servers, parameter_bytes, bandwidth_mbi
     raise ValueError("topology must be one of %s, got %r" % (", ".join(TOPOLOGIES), topology))
 
 
-def link_times(topology, workers, servers, parameter_bytes, bandwidth_mbit):
-    """(t_link, push, pull) of one step in seconds (link_step_seconds, push_pull_seconds);
-    (0, 0, 0) unshaped, where the model has only the computation (and the CPU) left."""
-    times = push_pull_seconds(topology, workers, servers, parameter_bytes, bandwidth_mbit)
+def link_times(topology, workers, servers, parameter_bytes, bandwidth_mbit, payload=None):
+    """(t_link, push, pull) of one step in seconds (link_step_seconds, push_pull_seconds),
+    the payload at `payload` of the rate (default topology_payload_share); (0, 0, 0)
+    unshaped, where the model has only the computation (and the CPU) left."""
+    payload = topology_payload_share(topology) if payload is None else payload
+    times = push_pull_seconds(topology, workers, servers, parameter_bytes, bandwidth_mbit,
+                              payload)
     if times is None:
         return 0.0, 0.0, 0.0
-    return (link_step_seconds(topology, workers, servers, parameter_bytes, bandwidth_mbit),) \
-        + times
+    return (link_step_seconds(topology, workers, servers, parameter_bytes, bandwidth_mbit)
+            / payload,) + times
 
 
 def odsgd_step_seconds(t_comp, one_direction, push, pull, last_share=1.0):

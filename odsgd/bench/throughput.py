@@ -25,8 +25,9 @@ own; 0 = unshaped) it measures:
 * for every mode, the rate the step model of odsgd/bench/step_model.py predicts
   (plan_samples_per_sec, the planner's model: dist_sync t_comp + max(push + s * pull,
   t_link), dist_async t_comp + t_link, dist_odsgd max(t_comp, t_link, (push + s * pull +
-  t_comp) / 2), s the largest server key's share of the parameters; unshaped the link terms
-  are 0), and for dist_odsgd on a shaped link the same as predicted_samples_per_sec.
+  t_comp) / 2), s the largest server key's share of the parameters, the link's times at the
+  share of R that TCP's payload fills on hosts (step_model.payload_share); unshaped the link
+  terms are 0), and for dist_odsgd on a shaped link the same as predicted_samples_per_sec.
 
 With --device-profile or --compute-ms the workers are accelerator-paced
 (odsgd/bench/paced.py): they wait the accelerator's step time instead of computing, and
@@ -55,7 +56,7 @@ from .model_shapes import scaled_sizes
 from .step_model import (LINK_FORMULA, MODES, largest_key_share, link_times,  # noqa: F401
                          mode_shares, model_compute_seconds, odsgd_step_seconds,
                          predict_modes, predicted_samples_per_sec, push_pull_seconds,
-                         spread_workers)
+                         spread_workers, topology_payload_share)
 from .throughput_job import MODEL_HELP
 
 
@@ -395,15 +396,17 @@ def prediction_fields(entry, per_step, bandwidth_mbit):
     """The step model's fields of a dist_odsgd entry (after cpu_summary and link_fields):
     the model's t_comp, push, pull and step time, and predicted_samples_per_sec; {} unshaped
     (no link rate: the model has nothing to add to the CPU bound)."""
-    times = push_pull_seconds(entry["topology"], entry["workers"], entry["servers"],
-                              entry["parameter_bytes"], bandwidth_mbit)
-    if times is None:
+    if push_pull_seconds(entry["topology"], entry["workers"], entry["servers"],
+                         entry["parameter_bytes"], bandwidth_mbit) is None:
         return {}
-    push, pull = times
+    # the link's times with TCP's payload share of the rate (the bound, wire_seconds, counts
+    # the payload at the whole rate)
+    t_link, push, pull = link_times(entry["topology"], entry["workers"], entry["servers"],
+                                    entry["parameter_bytes"], bandwidth_mbit)
     t_comp = model_compute_seconds(entry["t_comp"], entry.get("cpu_seconds_per_step"),
                                    entry.get("cores"))
     share = entry.get("largest_key_share") or 1.0
-    step = odsgd_step_seconds(t_comp, entry["wire_seconds"], push, pull, share)
+    step = odsgd_step_seconds(t_comp, t_link, push, pull, share)
     return {"predicted_t_comp": t_comp, "predicted_push_seconds": push,
             "predicted_pull_seconds": pull, "predicted_last_share": share,
             "predicted_step_seconds": step,
@@ -411,16 +414,18 @@ def prediction_fields(entry, per_step, bandwidth_mbit):
             "predicted_samples_per_sec": per_step / step}
 
 
-def plan_fields(entry, per_step, bandwidth_mbit, sizes=None, environ=None):
+def plan_fields(entry, per_step, bandwidth_mbit, sizes=None, environ=None, shares=None):
     """The step model's prediction for the mode of `entry` (after cpu_summary and
     link_fields; step_model.predict_modes): plan_step_seconds, plan_samples_per_sec,
     plan_binds, plan_share, plan_formula. The computation is the measured t_comp; the job's
     CPU seconds per step over its cores, where measured, bound it too. `sizes`: the arrays'
-    elements (for s; without them s = 1), `environ`: the job's store settings."""
+    elements (for s; without them s = 1), `environ`: the job's store settings; or `shares`,
+    {mode: s} as known (odsgd.bench.replan: a recorded run's plan_share)."""
     link = link_times(entry["topology"], entry["workers"], entry["servers"],
                       entry["parameter_bytes"], bandwidth_mbit)
     cpu, cores = entry.get("cpu_seconds_per_step"), entry.get("cores")
-    shares = mode_shares(sizes, entry["servers"], environ)
+    if shares is None:
+        shares = mode_shares(sizes, entry["servers"], environ)
     return predict_modes(link, per_step, entry["t_comp"], shares,
                          cpu / cores if cpu and cores else 0.0, modes=[entry["mode"]],
                          spread_workers=spread_workers(entry["topology"], entry["workers"])
@@ -567,17 +572,20 @@ def _prediction_line(r):
     """How a run's predicted rate came about, for the table: dist_odsgd's model on a shaped
     link with its terms (as before the other modes had one), else the mode's formula, step
     time and what binds."""
+    # the model's t_link: the bound's at the share of the rate TCP's payload fills
+    payload = topology_payload_share(r["topology"])
+    t_link = (r.get("wire_seconds") or 0.0) / payload
     if r.get("predicted_samples_per_sec"):
         return ("T = %s = %.1f ms (t_comp %.1f ms, t_link %.1f ms, push %.1f ms, pull %.1f "
-                "ms, s %.2f; binds: %s)"
+                "ms, s %.2f; payload %.3f of R; binds: %s)"
                 % (r["predicted_formula"], 1e3 * r["predicted_step_seconds"],
-                   1e3 * r["predicted_t_comp"], 1e3 * r["wire_seconds"],
+                   1e3 * r["predicted_t_comp"], 1e3 * t_link,
                    1e3 * r["predicted_push_seconds"], 1e3 * r["predicted_pull_seconds"],
-                   r.get("predicted_last_share", 1.0), r.get("plan_binds", "-")))
-    return ("T = %s = %.1f ms (t_comp %.1f ms, t_link %.1f ms, s %.2f; binds: %s)"
+                   r.get("predicted_last_share", 1.0), payload, r.get("plan_binds", "-")))
+    return ("T = %s = %.1f ms (t_comp %.1f ms, t_link %.1f ms, s %.2f; payload %.3f of R; "
+            "binds: %s)"
             % (r["plan_formula"], 1e3 * r["plan_step_seconds"], 1e3 * r["t_comp"],
-               1e3 * (r.get("wire_seconds") or 0.0), r.get("plan_share", 1.0),
-               r.get("plan_binds", "-")))
+               1e3 * t_link, r.get("plan_share", 1.0), payload, r.get("plan_binds", "-")))
 
 
 def _paced_line(r):
