@@ -8,9 +8,10 @@ chain), from the step model the throughput benchmark prints beside its measureme
 
 One NIC per worker and per server, each direction at --gbit (the emulated hosts of
 `throughput --topology hosts`), of which TCP's payload fills MSS / (MTU + --frame-bytes):
-0.941 on a real Ethernet wire at MTU 1500, 0.956 on the emulated hosts (--frame-bytes 14). The computation comes from --step-ms, else from
---step-times (measured step times per model), else from --device (published figures,
-odsgd/bench/device_profiles.py). --workers and --gbit take comma-separated lists.
+0.941 on a real Ethernet wire at MTU 1500, 0.956 on the emulated hosts (--frame-bytes 14).
+The computation comes from --step-ms, else from --step-times (measured step times per
+model), else from --device (published figures, odsgd/bench/device_profiles.py). --workers
+and --gbit take comma-separated lists.
 """
 import argparse
 import json
@@ -151,8 +152,7 @@ def plan_cluster(parameter_bytes, shares, workers, servers, bandwidth_mbit, batc
                                     bandwidth_mbit, payload)
     return {"topology": topology, "workers": workers, "servers": servers,
             "bandwidth_mbit": bandwidth_mbit, "payload_share": payload,
-            "batch_size": batch_size,
-            "parameter_bytes": parameter_bytes, "t_comp": t_comp, "t_link": t_link,
+            "batch_size": batch_size, "parameter_bytes": parameter_bytes, "t_comp": t_comp, "t_link": t_link,
             "push_seconds": push, "pull_seconds": pull, "shares": shares,
             "modes": predict_modes((t_link, push, pull), workers * batch_size, t_comp,
                                    shares, spread_workers=spread_workers(topology, workers))}
@@ -177,8 +177,7 @@ def print_plan(result):
           "t_comp %.1f ms"
           % (r["workers"], r["servers"], r["bandwidth_mbit"] / 1e3, r["topology"],
              LINK_FORMULA[r["topology"]], 1e3 * r["t_link"], r["payload_share"],
-             1e3 * r["push_seconds"],
-             1e3 * r["pull_seconds"], 1e3 * r["t_comp"]))
+             1e3 * r["push_seconds"], 1e3 * r["pull_seconds"], 1e3 * r["t_comp"]))
     sync = r["modes"]["dist_sync"]["plan_samples_per_sec"]
     print("%-11s %10s %9s %7s %6s  %-20s %s" % ("mode", "samples/s", "step ms", "x sync",
                                                 "s", "binds", "T"))

@@ -15,10 +15,6 @@ import sys
 
 from . import throughput
 
-#: the prediction fields a run records (throughput.plan_fields, throughput.prediction_fields)
-PLAN_PREFIXES = ("plan_", "predicted_")
-
-
 def per_step(run):
     """Samples a step of the whole job, N B."""
     return run["workers"] * run["batch_size"]
