@@ -152,8 +152,8 @@ def plan_cluster(parameter_bytes, shares, workers, servers, bandwidth_mbit, batc
                                     bandwidth_mbit, payload)
     return {"topology": topology, "workers": workers, "servers": servers,
             "bandwidth_mbit": bandwidth_mbit, "payload_share": payload,
-            "batch_size": batch_size, "parameter_bytes": parameter_bytes, "t_comp": t_comp, "t_link": t_link,
-            "push_seconds": push, "pull_seconds": pull, "shares": shares,
+            "batch_size": batch_size, "parameter_bytes": parameter_bytes, "t_comp": t_comp,
+            "t_link": t_link, "push_seconds": push, "pull_seconds": pull, "shares": shares,
             "modes": predict_modes((t_link, push, pull), workers * batch_size, t_comp,
                                    shares, spread_workers=spread_workers(topology, workers))}
 
