@@ -284,13 +284,14 @@ def test_sync_and_async_models_fit_the_measured_hosts_tables():
             link, r["workers"] * r["batch_size"], r["t_comp"], shares, cpu, [r["mode"]],
             step_model.spread_workers(r["topology"], r["workers"]))[r["mode"]]
         ratios[r["mode"]].append(r["samples_per_sec"] / predicted["plan_samples_per_sec"])
-    # dist_async: 15 runs of the tables before issue 34, 7 of its re-measured 2-worker table.
+    # dist_async: 15 runs of the tables before issue 34, 7 of its 2-worker table of record.
     # The link's payload share (step_model.payload_share) moved the medians from 1.04 and 0.99
     # to 1.07 and 1.02, and dist_sync's largest from 1.18 to 1.20: the ceiling 1.2 became
-    # 1.25 then, with the term, not the runs, changed (docs/benchmarks.md)
+    # 1.25 then, with the term, not the runs, changed; the record measured again under CUBIC
+    # moved dist_async's median to 1.05 (docs/benchmarks.md)
     assert len(ratios["dist_sync"]) == 6 and len(ratios["dist_async"]) == 22
     assert statistics.median(ratios["dist_sync"]) == pytest.approx(1.07, abs=0.01)
-    assert statistics.median(ratios["dist_async"]) == pytest.approx(1.02, abs=0.01)
+    assert statistics.median(ratios["dist_async"]) == pytest.approx(1.05, abs=0.01)
     assert 0.9 < min(ratios["dist_sync"]) and max(ratios["dist_sync"]) < 1.25
     assert 0.7 < min(ratios["dist_async"]) and max(ratios["dist_async"]) < 1.25
 
