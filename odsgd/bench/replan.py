@@ -20,7 +20,7 @@ def per_step(run):
     return run["workers"] * run["batch_size"]
 
 
-def shaped_mbit(run):
+def run_shaped_mbit(run):
     """The rate the run's NICs were shaped to (accelerator-paced runs scale it down)."""
     return run.get("shaped_mbit") or run["bandwidth_mbit"]
 
@@ -29,10 +29,10 @@ def replanned(run):
     """The run's prediction fields under today's step model, from its recorded inputs."""
     fields = {}
     if "plan_share" in run:
-        fields.update(throughput.plan_fields(run, per_step(run), shaped_mbit(run),
+        fields.update(throughput.plan_fields(run, per_step(run), run_shaped_mbit(run),
                                              shares={run["mode"]: run["plan_share"]}))
     if run.get("predicted_samples_per_sec"):
-        fields.update(throughput.prediction_fields(run, per_step(run), shaped_mbit(run)))
+        fields.update(throughput.prediction_fields(run, per_step(run), run_shaped_mbit(run)))
     return fields
 
 

@@ -396,13 +396,12 @@ def prediction_fields(entry, per_step, bandwidth_mbit):
     """The step model's fields of a dist_odsgd entry (after cpu_summary and link_fields):
     the model's t_comp, push, pull and step time, and predicted_samples_per_sec; {} unshaped
     (no link rate: the model has nothing to add to the CPU bound)."""
-    if push_pull_seconds(entry["topology"], entry["workers"], entry["servers"],
-                         entry["parameter_bytes"], bandwidth_mbit) is None:
-        return {}
     # the link's times with TCP's payload share of the rate (the bound, wire_seconds, counts
-    # the payload at the whole rate)
+    # the payload at the whole rate); all 0 unshaped
     t_link, push, pull = link_times(entry["topology"], entry["workers"], entry["servers"],
                                     entry["parameter_bytes"], bandwidth_mbit)
+    if not t_link:
+        return {}
     t_comp = model_compute_seconds(entry["t_comp"], entry.get("cpu_seconds_per_step"),
                                    entry.get("cores"))
     share = entry.get("largest_key_share") or 1.0
