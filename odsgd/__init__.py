@@ -16,7 +16,9 @@ _PUBLIC = {"DistODSGD": "kvstore", "StoreType": "kvstore", "load_global_weights"
            "equal_steps": "kvstore", "save_checkpoint": "checkpoint",
            "load_checkpoint": "checkpoint", "ODSGDConfig": "config",
            "LocalUpdater": "local_update", "ServerOptimizer": "server_updater"}
-__all__ = sorted(_PUBLIC)
+#: what works without MXNet (the launcher reads checkpoint folders with it)
+_WITHOUT_MXNET = {"latest_checkpoint": "checkpoint_index", "Checkpoint": "checkpoint_index"}
+__all__ = sorted(set(_PUBLIC) | set(_WITHOUT_MXNET))
 
 
 def _mxnet_installed():
@@ -33,6 +35,8 @@ MXNET_INSTALLED = _mxnet_installed()
 
 
 def __getattr__(name):
+    if name in _WITHOUT_MXNET:
+        return getattr(importlib.import_module("." + _WITHOUT_MXNET[name], __name__), name)
     if name in _PUBLIC:
         if not MXNET_INSTALLED:
             raise ImportError("odsgd.%s needs MXNet, which is not installed: pip install "
