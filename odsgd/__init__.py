@@ -8,13 +8,14 @@ See SPEC.md for the update rules and docs/ for the environment variables.
 import importlib
 import importlib.util
 import os
+import re
 import sys
 
 __version__ = "0.1.0"
 
 _PUBLIC = {"DistODSGD": "kvstore", "StoreType": "kvstore", "load_global_weights": "kvstore",
            "equal_steps": "kvstore", "save_checkpoint": "checkpoint",
-           "load_checkpoint": "checkpoint", "ODSGDConfig": "config",
+           "load_checkpoint": "checkpoint", "resume_or_start": "checkpoint", "ODSGDConfig": "config",
            "LocalUpdater": "local_update", "ServerOptimizer": "server_updater"}
 #: what works without MXNet (the launcher reads checkpoint folders with it)
 _WITHOUT_MXNET = {"latest_checkpoint": "checkpoint_index", "Checkpoint": "checkpoint_index"}
@@ -47,11 +48,46 @@ def __getattr__(name):
 
 
 def _launcher_process():
-    """True while `python -m odsgd.launch` locates its module: the launcher only starts
-    processes and needs no MXNet, whose import would add seconds to every job's start."""
-    argv = getattr(sys, "orig_argv", [])
-    return sys.argv[:1] == ["-m"] and "-m" in argv and \
-        argv[argv.index("-m") + 1:argv.index("-m") + 2] == ["odsgd.launch"]
+    """True while the launcher (`python -m odsgd.launch` locating its module, or the
+    `odsgd-launch` console script importing it) imports this package: the launcher only starts
+    processes and needs no MXNet, whose import would add seconds to every job's start.
+
+    The console script is recognised by its name rather than pointed at a module outside
+    this package: any `odsgd.*` entry point imports this __init__ first, and the name is all
+    that tells it apart (pip's wrapper strips '-script.py' or '.exe' the same way)."""
+    if re.sub(r"(-script\.pyw?|\.exe)$", "", os.path.basename(sys.argv[0] if sys.argv else "")) \
+            == "odsgd-launch":
+        return True
+    if sys.argv[:1] != ["-m"]:   # what sys.argv holds while `python -m` finds the module
+        return False
+    return _module_run_by_interpreter() == "odsgd.launch"
+
+
+def _module_run_by_interpreter():
+    """NAME of `python [options] -m NAME ...`, or None: from sys.orig_argv (Python >= 3.10),
+    else from the kernel's record of the command line (Linux; 3.8 and 3.9)."""
+    argv = getattr(sys, "orig_argv", None)
+    if argv is None:
+        try:
+            with open("/proc/self/cmdline", "rb") as f:
+                argv = [os.fsdecode(a) for a in f.read().split(b"\0")[:-1]]
+        except OSError:
+            return None
+    i = 1
+    while i < len(argv) and argv[i].startswith("-") and argv[i] not in ("-", "--"):
+        if argv[i].startswith("--"):   # --check-hash-based-pycs is the one that takes a value
+            i += 2 if argv[i] == "--check-hash-based-pycs" else 1
+            continue
+        # a cluster of one-letter options, e.g. -u, -um NAME, -X importtime, -Wignore
+        cluster = argv[i][1:]
+        taking = next((at for at, letter in enumerate(cluster) if letter in "mcWX"), None)
+        if taking is not None:
+            value = cluster[taking + 1:] or (argv[i + 1] if i + 1 < len(argv) else None)
+            if cluster[taking] in "mc":
+                return value if cluster[taking] == "m" else None
+            i += 0 if cluster[taking + 1:] else 1
+        i += 1
+    return None
 
 
 # On a server or scheduler, MXNet starts its server loop inside `import mxnet` and never
@@ -64,4 +100,5 @@ if MXNET_INSTALLED and os.environ.get("DMLC_ROLE") not in ("server", "scheduler"
     from .kvstore import DistODSGD, StoreType, equal_steps, load_global_weights  # noqa: F401,E402
     from . import trainer_hook
     trainer_hook.install()
-    from .checkpoint import load_checkpoint, save_checkpoint  # noqa: F401,E402
+    from .checkpoint import load_checkpoint, resume_or_start, save_checkpoint  # noqa: F401,E402
+    from .checkpoint_index import latest_checkpoint  # noqa: F401,E402

@@ -4,6 +4,7 @@ new job that loads and runs N - k more steps end with the same weights as one jo
     odsgd.save_checkpoint(trainer, "ckpt/epoch3")    # every worker, after the same step
     ...
     odsgd.load_checkpoint(trainer, "ckpt/epoch3")    # every worker, before the first step
+    step = odsgd.resume_or_start(trainer, "ckpt")    # the newest whole one in ckpt/, if any
 
 What a dist_odsgd job's state is, and where each part goes:
 
@@ -16,6 +17,8 @@ What a dist_odsgd job's state is, and where each part goes:
 | the servers' global optimizer states (e.g. SGD    | `<prefix>-worker0.states.servers`,    |
 | momentum), whole per parameter, and update counts | joined by rank 0 from the servers'    |
 |                                                   | own files (odsgd/server_states.py)    |
+| that the checkpoint is whole: written last, by    | `<prefix>.whole.json`                 |
+| rank 0 after every worker saved                   | (odsgd/checkpoint_index.py)           |
 
 The servers write their own files, so in a job over several machines `<prefix>` must be on a
 file system that the servers and rank 0 share. A checkpoint loads into a job with the same
@@ -29,7 +32,7 @@ import zlib
 
 import mxnet as mx
 
-from . import state_files
+from . import checkpoint_index, eval_weights, state_files, worker_states
 
 #: The type of the store these helpers are for (DistODSGD.type). They know the store by it,
 #: not by its class: this module sits below odsgd/kvstore.py and imports nothing of it.
@@ -55,16 +58,26 @@ def _store(trainer, what):
                          % (what, trainer._kvstore.type))
 
 
-def save_checkpoint(trainer, prefix):
+def save_checkpoint(trainer, prefix, extra=None):
     """Saves the whole training state of this worker and, from rank 0, of the servers (see
-    the module's table). Call it on every worker after the same step. Returns the files this
-    worker wrote."""
+    the module's table), then, once every worker has saved, rank 0 writes the checkpoint's
+    marker (odsgd/checkpoint_index.py): only a checkpoint with its marker is whole. Call it
+    on every worker after the same step. `extra`: a dict recorded in the marker (e.g. the
+    epoch and the batch within it). Returns the files this worker wrote."""
     _store(trainer, "save_checkpoint")
     if not trainer._kv_initialized or trainer._params_to_init:
         raise ValueError("save_checkpoint before the first trainer.step: there is nothing to "
                          "save yet")
     kv = trainer._kvstore
+    # Before any file: a save after a failed step would replace the weights of the last good
+    # checkpoint at this prefix and then be refused.
+    kv.failed_step.check("save_checkpoint")
+    # The parameters may show W to an evaluation (odsgd/eval_weights.py): w^i is saved.
+    eval_weights.shown_weights(kv).restore_local()
     params_file, states_file = checkpoint_files(prefix, kv.rank)
+    if kv.rank == 0:
+        checkpoint_index.remove_marker(prefix)
+    kv._barrier()   # no worker writes while an old marker still calls this prefix whole
     mx.nd.waitall()
     save_weights_atomically(params_file, {param.name: param.list_data()[0]
                                           for param in trainer._params})
@@ -75,7 +88,17 @@ def save_checkpoint(trainer, prefix):
         trainer.save_states(states_file)   # kv.save_optimizer_states, servers too on rank 0
     finally:
         kv.weights_file = None
+    kv._barrier()   # every worker's files, and the servers' (joined by rank 0), are written
+    if kv.rank == 0:
+        checkpoint_index.write_marker(prefix, kv.global_step, STORE_TYPE, kv.num_workers,
+                                      whole_checkpoint_files(prefix, kv.num_workers), extra)
     return params_file, states_file
+
+
+def whole_checkpoint_files(prefix, num_workers):
+    """Every file of a whole dist_odsgd checkpoint of `num_workers` workers."""
+    files = [f for rank in range(num_workers) for f in checkpoint_files(prefix, rank)]
+    return files + [worker_states.servers_file(checkpoint_files(prefix, 0)[1])]
 
 
 def save_weights_atomically(path, arrays):
@@ -100,6 +123,40 @@ def file_crc32(path):
         for chunk in iter(lambda: f.read(1 << 20), b""):
             crc = zlib.crc32(chunk, crc)
     return crc
+
+
+def _worker_states(prefix, kv):
+    """This worker's saved states, after the number of workers is checked: a job with more
+    workers than the saving job finds no file of its rank (named in the error)."""
+    states_file = checkpoint_files(prefix, kv.rank)[1]
+    if not os.path.exists(states_file):
+        first = checkpoint_files(prefix, 0)[1]
+        if kv.rank > 0 and os.path.exists(first):
+            worker_states.check_num_workers(
+                first, state_files.load_worker_states(first, 0), kv.num_workers)
+        raise ValueError("%s is missing: no checkpoint of worker %d at prefix %s"
+                         % (states_file, kv.rank, prefix))
+    saved = state_files.load_worker_states(states_file, kv.rank)
+    worker_states.check_num_workers(states_file, saved, kv.num_workers)
+    return saved
+
+
+def resume_or_start(trainer, directory):
+    """Loads the newest whole checkpoint in `directory` (odsgd.latest_checkpoint) into a
+    gluon.Trainer that trains with dist_odsgd, as load_checkpoint does, and returns the global
+    step it was saved after; returns 0 where `directory` holds none (the job starts fresh).
+    Call it on every worker after the parameters are initialised and before the first
+    trainer.step; every worker must see the same folder (a file system they share)."""
+    _store(trainer, "resume_or_start")
+    latest = checkpoint_index.latest_checkpoint(directory)
+    if latest is None:
+        return 0
+    if latest.store != STORE_TYPE:
+        raise ValueError("%s was saved with kvstore %r; this Trainer trains with %r: resume it "
+                         "with the store that saved it" % (latest.marker, latest.store,
+                                                           STORE_TYPE))
+    load_checkpoint(trainer, latest.prefix)
+    return latest.step
 
 
 def check_weights_file(params_file, states_file, saved):
@@ -133,7 +190,7 @@ def load_checkpoint(trainer, prefix):
         raise ValueError("load_checkpoint is for a Trainer with kvstore='dist_odsgd'; this one "
                          "has kvstore=%r" % (kv,))
     params_file, states_file = checkpoint_files(prefix, kv.rank)
-    saved = state_files.load_worker_states(states_file, kv.rank)
+    saved = _worker_states(prefix, kv)
     check_weights_file(params_file, states_file, saved)
     local = mx.nd.load(params_file)
     global_weights = {key: current for key, (current, _previous)
@@ -153,6 +210,4 @@ def load_checkpoint(trainer, prefix):
     for param in trainer._params:
         for array in param.list_data():
             array[:] = local[param.name].as_in_context(array.context)
-    if kv.local is not None:           # the step reads w^i from the parameters anew
-        kv.local.forget_local_weights()
     mx.nd.waitall()

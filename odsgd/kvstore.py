@@ -182,6 +182,7 @@ class DistODSGD(KVStoreBase):
         with self.failed_step.guard(self.global_step, self.planner.groups_of(keys)):
             plan = self.planner.plan(keys, values, None, self.local, self.global_step)
             self.settings.send_packings(self.planner)
+            self.settings.send_loaded_states(self.planner)
             self.exchange.sync_round_steps([group for group, _ in plan.groups])
             for group, positions in plan.groups:
                 self.exchange.synchronous_round(
@@ -336,7 +337,10 @@ class DistODSGD(KVStoreBase):
         mx.nd.waitall()   # every step this worker pushed is applied; W_t has arrived
         saved = worker_states.collect(self, dump_optimizer)
         state_files.save_worker_states(fname, saved)
-        if saved["server_states"]:
+        if saved["server_states"] and self.settings.loaded_states is not None:
+            # Loaded and no step since: the servers' states are the loaded file's
+            worker_states.copy_server_file(self.settings.loaded_states[0], fname)
+        elif saved["server_states"]:
             servers.send_command(self.raw, servers.save_states_command(
                 worker_states.server_pattern(fname), self.global_step))
             worker_states.join_server_files(fname, saved["layout"])
@@ -350,7 +354,8 @@ class DistODSGD(KVStoreBase):
         servers come from rank 0's parameters when the keys are initialised: load them into
         the parameters first (`odsgd.load_checkpoint` does all of this)."""
         self.failed_step.check("load_optimizer_states")
-        saved = worker_states.read(fname, self.rank, self.planner, self.global_optimizer)
+        saved = worker_states.read(fname, self.rank, self.num_workers, self.planner,
+                                   self.global_optimizer)
         self.agreement.check_same(
             [saved["global_step"]], lambda v: "%d" % v[0],
             lambda mine, theirs: "%s holds worker %d's states after step %s, but rank 0's "
@@ -360,9 +365,8 @@ class DistODSGD(KVStoreBase):
         if saved.get("server_states") and self.rank == 0:
             if self.global_optimizer is None:
                 raise ValueError("call set_optimizer before load_optimizer_states")
-            path = worker_states.check_server_file(fname)
-            servers.send_command(self.raw, servers.load_states_command(
-                path, saved["global_step"]))
+            path = worker_states.check_server_file(fname, saved["global_step"])
+            self.settings.load_states_later(path, saved["global_step"])
 
     @property
     def _updater(self):
@@ -458,8 +462,6 @@ def load_global_weights(trainer_or_module):
         trainer_or_module._params_dirty = True
     if pairs:
         kv.pull([k for k, _ in pairs], out=[o for _, o in pairs])
-    if kv.local is not None:           # training goes on from W: w_t is read from it anew
-        kv.local.forget_local_weights()
     # and the w_t an evaluation may have set aside is not put back (odsgd/eval_weights.py)
     eval_weights.shown_weights(kv).forget()
     mx.nd.waitall()

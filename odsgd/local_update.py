@@ -16,9 +16,9 @@ the servers' previous round recovered from the global weights for 'previous'.
 
 Each knows the flat states it keeps per key group (`buffers`: `mom` is the momentum of 'sgd',
 the NAG estimate of 'predict' and, for the SGD 'predict' with the 'previous' estimate, the last
-change of the global weights; `var` the adaptive compensation's v; `local`, with lam != 0, the
-worker's own flat copy of w_t, which the compensation term reads: the fused operator writes
-the weights without reading them, so it never waits for them), its rates, and how it
+change of the global weights; `var` the adaptive compensation's v; `local`, with lam != 0, a flat copy
+of w_t gathered from the parameters at every step, which the compensation term reads: the
+fused operator writes the weights without reading them, so it never waits for them), its rates, and how it
 runs on a whole key group (odsgd/key_groups.py): one fused C++ operator
 (`odsgd.native.multi_update_`) when the library is loaded and takes the arrays, the same
 formulas as NDArray ops per parameter otherwise (another dtype than float32, no library);
@@ -34,7 +34,6 @@ local weight decay).
 import copy
 import dataclasses
 import logging
-import weakref
 from typing import List, Optional
 
 import mxnet as mx
@@ -195,9 +194,6 @@ class LocalRule(object):
         self.global_optimizer = global_optimizer
         self.num_workers = num_workers
         self._fallback_logged = False
-        # The groups whose `local` holds their parameters' values (filled, then kept by the
-        # fused operator); a weak set, since groups retire when the planner re-makes them.
-        self._local_known = weakref.WeakSet()
         #: lam and its mode for this global optimizer (the settings, or its default)
         self.lam, self.compensation_mode = config.compensation_for(
             type(global_optimizer).__name__.lower() if self.default_compensation else None)
@@ -260,7 +256,6 @@ class LocalRule(object):
                                  num_workers=params.num_workers, **self.fused_states(group),
                                  **params.shared())
             return
-        self._local_known.discard(group)     # the fallback reads and writes the weights only
         self._log_fallback(weights[0])
         W, W_prev = group.views(group.current), group.views(group.previous)
         moms = group.views(group.mom) if group.mom is not None else [None] * len(weights)
@@ -274,21 +269,18 @@ class LocalRule(object):
 
     def local_weights(self, group, weights):
         """`group.local` holding w_t, the values of `weights` (None where lam = 0: the step
-        does not read w_t). Filled from the weights the first time and after
-        `forget_local_weights`: one gather_, which MXNet's engine orders after the weights'
-        pending writes and which reads an MKL-DNN layout through a copy, so the Python thread
-        waits for nothing; the fused operator keeps it equal to the weights from then on."""
+        does not read w_t), gathered from them at every step: one gather_, which MXNet's
+        engine orders after the weights' pending writes and which reads an MKL-DNN layout
+        through a copy, so the Python thread waits for nothing.
+
+        Every step, not once: the parameters are the user's arrays, and whatever wrote them
+        since the last step (Module.set_params, load_optimizer_states with weights loaded
+        beside it, an EMA or a weight constraint written in place) is what the gradient was
+        taken at; the compensation term must read that, and no hook sees every write."""
         if group.local is None:
             return None
-        if group not in self._local_known:
-            native.gather_(weights, group.local)
-            self._local_known.add(group)
+        native.gather_(weights, group.local)
         return group.local
-
-    def forget_local_weights(self):
-        """The parameters were written from outside the step: every group's `local` is filled
-        from them again before its next fused update reads it."""
-        self._local_known = weakref.WeakSet()
 
     def fallback(self, i, weight, grad, W, W_prev, mom, var, params):
         """The NDArray step of array `i` of the group."""
@@ -672,10 +664,8 @@ class LocalUpdater(object):
         self.rule.update_group(group, step, weights, grads, multipliers)
 
     def forget_local_weights(self):
-        """Call when something other than the step wrote the parameters (load_global_weights,
-        load_checkpoint): with lam != 0 the next local update of each group reads w_t from
-        the parameters again (LocalRule.local_weights)."""
-        self.rule.forget_local_weights()
+        """Kept for scripts that call it after writing the parameters: the step reads w_t from
+        them at every step (LocalRule.local_weights)."""
 
     def update(self, key, step, weight, grad, global_weight, prev_global_weight,
                multipliers=(1.0, 1.0)):

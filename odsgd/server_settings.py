@@ -18,6 +18,9 @@ class ServerSettings(object):
         self.raw = raw
         self.learning_rate = None
         self.multipliers = {}
+        #: (path, global step) of servers' states loaded on this worker (rank 0) and not sent
+        #: yet: the servers load them before the next step's rounds (`send_loaded_states`)
+        self.loaded_states = None
 
     def optimizer_sent(self, optimizer):
         """After `optimizer` reached the servers: its rate, and no multipliers yet."""
@@ -27,6 +30,7 @@ class ServerSettings(object):
     def before_step(self, planner, plan, optimizer):
         """Sends what changed before the step of `plan`'s groups."""
         self.send_packings(planner)
+        self.send_loaded_states(planner)
         self.send_learning_rate(optimizer)
         self.send_multipliers(plan)
 
@@ -35,6 +39,23 @@ class ServerSettings(object):
         packings = planner.new_packings()
         if packings:
             servers.send_command(self.raw, servers.group_packings_command(packings))
+
+    def load_states_later(self, path, global_step):
+        """The servers are to load the states file `path` (after `global_step` steps) before
+        the next step. Not now: the next step's plan may lay the keys out anew (the first
+        step fuses small parameters), and each server keeps only the pieces it holds in the
+        layout of the rounds that follow."""
+        self.loaded_states = (path, global_step)
+
+    def send_loaded_states(self, planner):
+        """Has the servers load the states of load_states_later, cut for `planner`'s keys
+        (whose packings they know: send_packings first)."""
+        if self.loaded_states is None:
+            return
+        path, global_step = self.loaded_states
+        keys = [part.key for group in planner.holding_groups() for part in group.parts]
+        servers.send_command(self.raw, servers.load_states_command(path, global_step, keys))
+        self.loaded_states = None
 
     def send_learning_rate(self, optimizer):
         """Sends a learning rate set on the worker (Trainer.set_learning_rate) to the servers,

@@ -100,9 +100,13 @@ class ServerOptimizer(Optimizer):
         #: (server_states.py) -> the optimizer's state of it, and the piece's size
         self.states = {}
         self.sizes = {}
-        #: the loaded states, {index: [(first element, size, NumPy state)]}: each piece's
-        #: state is cut from them when the piece is first updated (the layout may differ)
+        #: loaded states not cut into pieces yet, {index: [(first element, size, NumPy
+        #: state)]}: a piece's state is cut from them when the piece is first updated (only
+        #: where set_states was given no pieces: a process that is no server)
         self.loaded = {}
+        #: the parameters of the last states loaded: a piece of one of them that was not cut
+        #: at the load is an error, never a fresh state
+        self.loaded_indices = frozenset()
 
     def __setstate__(self, state):
         # Unpickled on a server: this object becomes the one the commands below act on.
@@ -137,16 +141,26 @@ class ServerOptimizer(Optimizer):
         if key not in self.states:
             size = int(weight.size)
             if index in self.loaded:
-                try:
-                    state = _from_numpy(server_states.piece(self.loaded[index], begin, size))
-                except ValueError:
-                    _fail("restoring the optimizer state of elements %d to %d of parameter %d "
-                          "from the loaded states" % (begin, begin + size, index))
+                self._cut_loaded(self.loaded, index, begin, size)
+            elif index in self.loaded_indices:
+                _fail("the optimizer state of elements %d to %d of parameter %d: the loaded "
+                      "states were cut for the pieces this server held at the load, and this "
+                      "is not one of them" % (begin, begin + size, index))
             else:
-                state = self.optimizer.create_state_multi_precision(index, weight)
-            self.states[key] = state
-            self.sizes[key] = size
+                self.states[key] = self.optimizer.create_state_multi_precision(index, weight)
+                self.sizes[key] = size
         return self.states[key]
+
+    def _cut_loaded(self, parameters, index, begin, size):
+        """The state of elements [begin, begin + size) of parameter `index`, cut from the loaded
+        `parameters` into self.states."""
+        try:
+            state = _from_numpy(server_states.piece(parameters[index], begin, size))
+        except ValueError:
+            _fail("restoring the optimizer state of elements %d to %d of parameter %d "
+                  "from the loaded states" % (begin, begin + size, index))
+        self.states[(index, begin)] = state
+        self.sizes[(index, begin)] = size
 
     def create_state(self, index, weight):
         return self.create_state_multi_precision(index, weight)
@@ -245,11 +259,21 @@ class ServerOptimizer(Optimizer):
         return server_states.server_file(pieces, optimizer.num_update, counts, rank,
                                          global_step)
 
-    def set_states(self, saved):
-        """Loads a whole-parameter states file (server_states.join): every piece's state is
-        cut from it when the piece is first updated."""
+    def set_states(self, saved, pieces=None):
+        """Loads a whole-parameter states file (server_states.join). `pieces`: [(index, first
+        element, size)], the pieces this server holds in the job's layout (`_held_pieces`):
+        their states are cut now and nothing else of the file is kept. None (a process that
+        is no server): the file is kept and each piece is cut when it is first updated."""
         self.states, self.sizes = {}, {}
-        self.loaded = dict(saved["parameters"])
+        parameters = dict(saved["parameters"])
+        self.loaded_indices = frozenset(parameters)
+        if pieces is None:
+            self.loaded = parameters
+        else:
+            self.loaded = {}
+            for index, begin, size in pieces:
+                if index in parameters:
+                    self._cut_loaded(parameters, index, begin, size)
         optimizer = self.optimizer
         optimizer.num_update = saved["num_update"]
         counts = {device: dict(c) for device, c in saved["index_update_counts"].items()}
@@ -277,7 +301,39 @@ def _mxnet_slice_begin(size):
     EncodeDefaultKey: server i holds [round(size / S * i), round(size / S * (i + 1))), with C's
     round, half away from zero)."""
     rank, count = _this_server()
-    return int(math.floor(float(size) / count * rank + 0.5))
+    return _mxnet_slice(size, rank, count)[0]
+
+
+def _mxnet_slice(size, rank, count):
+    """[begin, end) of server `rank`'s slice of a key of `size` elements (see
+    _mxnet_slice_begin)."""
+    return (int(math.floor(float(size) / count * rank + 0.5)),
+            int(math.floor(float(size) / count * (rank + 1) + 0.5)))
+
+
+def _bigarray_bound():
+    """MXNet's MXNET_KVSTORE_BIGARRAY_BOUND (odsgd.config.bigarray_bound, read here without
+    importing odsgd.config): keys of at least this many elements are sliced over the
+    servers."""
+    return int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", 1000 * 1000))
+
+
+def _held_pieces(keys):
+    """[(optimizer index, first element, size)] of the pieces of parameters that the server
+    keys `keys` (registered by group_packings_command) put on this server."""
+    rank, count = _this_server()
+    pieces = []
+    for key in keys:
+        packing = _GROUPS.get(key)
+        if packing is None:
+            continue
+        if len(packing) == 1 and packing[0][2] >= _bigarray_bound():
+            index, _, size, part_of = packing[0]
+            begin, end = _mxnet_slice(size, rank, count)
+            pieces.append((index, max(part_of, 0) + begin, end - begin))
+        elif _holds_key(key):
+            pieces.extend((index, max(part_of, 0), size) for index, _, size, part_of in packing)
+    return pieces
 
 
 def _holds_key(key):
@@ -550,20 +606,22 @@ def save_states_command(pattern, global_step):
     return _command(_save_states, str(pattern), int(global_step))
 
 
-def _load_states(path, global_step):
+def _load_states(path, global_step, keys):
     def load():
         saved = server_states.read(path, "the servers' states file")
         if saved["global_step"] != global_step:
             raise ValueError("%s holds the servers' states after step %d, but the worker "
                              "states after step %d: a save was cut short; load an earlier "
                              "checkpoint" % (path, saved["global_step"], global_step))
-        _RUNNING.set_states(saved)
+        _RUNNING.set_states(saved, _held_pieces(keys))
     rank, _ = _this_server()
     return _on_states_file("server rank %d, loading the optimizer states from %s"
                            % (rank, path), load)
 
 
-def load_states_command(path, global_step):
+def load_states_command(path, global_step, keys):
     """The body of the command that makes every server load the whole-parameter states file
-    `path` (server_states.join), saved after `global_step` steps (checked)."""
-    return _command(_load_states, str(path), int(global_step))
+    `path` (server_states.join), saved after `global_step` steps (checked): each server
+    keeps the states of the pieces that the server keys `keys` (the job's layout, their
+    packings registered before) put on it, and nothing else of the file."""
+    return _command(_load_states, str(path), int(global_step), [int(k) for k in keys])

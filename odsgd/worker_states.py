@@ -57,7 +57,7 @@ def collect(store, dump_optimizer):
     return saved
 
 
-def read(fname, rank, planner, optimizer):
+def read(fname, rank, num_workers, planner, optimizer):
     """This worker's states from `fname`, checked against the job, the global optimizer and
     the store's keys (ValueError naming the fix), before anything is changed."""
     saved = state_files.load_worker_states(fname, rank)
@@ -65,6 +65,7 @@ def read(fname, rank, planner, optimizer):
         raise ValueError("%s holds dist_odsgd states of format %r; this version reads "
                          "format %d (save the checkpoint again with this version)"
                          % (fname, saved.get("format"), state_files.WORKER_STATES_FORMAT))
+    check_num_workers(fname, saved, num_workers)
     check_begin_num_update(fname, saved, optimizer)
     for key, (current, _previous) in saved["global_weights"].items():
         if key not in planner.groups:
@@ -96,6 +97,19 @@ def restore(saved, store):
         optimizer.num_update = saved["num_update"]
 
 
+def check_num_workers(fname, saved, num_workers):
+    """ValueError naming both counts when the states were saved by a job of another number of
+    workers: the global optimizer's rescale_grad (1 / (batch x workers)) and each worker's
+    own weights and local states belong to that number."""
+    if saved.get("num_workers") not in (None, num_workers):
+        raise ValueError(
+            "%s was saved by a job of %d workers; this job has %d. A dist_odsgd checkpoint "
+            "holds each worker's own weights and states and the gradient scale of its number "
+            "of workers: resume it with %d workers (-n %d)"
+            % (fname, saved["num_workers"], num_workers, saved["num_workers"],
+               saved["num_workers"]))
+
+
 def check_begin_num_update(fname, saved, optimizer):
     """ValueError when the global optimizer's begin_num_update differs from the saving job's:
     the states carry the steps made, and the servers count a round's update as
@@ -125,10 +139,23 @@ def join_server_files(fname, layout):
         os.unlink(path)
 
 
-def check_server_file(fname):
-    """ValueError when the servers' states beside `fname` are missing; returns their path."""
+def check_server_file(fname, global_step):
+    """ValueError when the servers' states beside `fname` are missing or of another step than
+    `global_step` (the workers'); returns their path."""
     path = servers_file(fname)
     if not os.path.exists(path):
         raise ValueError("the servers' states %s are missing (written beside %s by rank 0's "
                          "save_optimizer_states)" % (path, fname))
+    saved = server_states.read(path, "the servers' states file")
+    if saved["global_step"] != global_step:
+        raise ValueError("%s holds the servers' states after step %d, but the worker states "
+                         "after step %d: a save was cut short; load an earlier checkpoint"
+                         % (path, saved["global_step"], global_step))
     return path
+
+
+def copy_server_file(path, fname):
+    """Writes the servers' states file `path` as the servers' states of the worker states file
+    `fname` (a save right after a load, before the servers had the loaded states)."""
+    state_files.write_atomically(servers_file(fname),
+                                 server_states.read(path, "the servers' states file"))

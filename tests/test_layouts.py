@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from cluster import JobError, run_job
+from odsgd import checkpoint as checkpoints, checkpoint_index, state_files
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -92,12 +93,20 @@ def test_a_step_that_fails_part_way_stops_the_store_and_the_job(tmp_path):
     output = str(failure.value)
     assert time.time() - started < 60
     assert "caught RuntimeError: injected failure of the local update" in output
-    assert "save refused: StoreFailedError: save_optimizer_states refused. dist_odsgd: step 5 " \
+    assert "save refused: StoreFailedError: save_checkpoint refused. dist_odsgd: step 5 " \
            "failed on this worker (RuntimeError: injected failure of the local update) after " \
            "2 of its 3 key groups had sent their rounds" in output
     assert "caught StoreFailedError: pushpull refused. dist_odsgd: step 5 failed" in output
     assert "step 6 done" in output
-    assert not os.path.exists(tmp_path / "ckpt-worker1.states")
+    # The handler's save was refused before it wrote a file: the good checkpoint of step 3 at
+    # the same prefix is whole (its weights file is the one its states were saved with).
+    prefix = str(tmp_path / "ckpt")
+    for rank in range(2):
+        params_file, states_file = checkpoints.checkpoint_files(prefix, rank)
+        saved = state_files.load_worker_states(states_file, rank)
+        assert saved["global_step"] == 4
+        checkpoints.check_weights_file(params_file, states_file, saved)
+    assert checkpoint_index.latest_checkpoint(str(tmp_path)).step == 4
 
 
 def test_resume_from_parts_of_4_into_parts_of_8_is_exact(tmp_path):

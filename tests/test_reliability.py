@@ -326,7 +326,8 @@ def test_checkpoint_resume_is_exact(tmp_path):
                                  "--save-prefix", prefix] + options, servers=2, timeout=90)
     assert sorted(os.listdir(tmp_path)) == sorted(
         ["whole", "first", "resumed", "ckpt-worker0.params", "ckpt-worker0.states",
-         "ckpt-worker1.params", "ckpt-worker1.states", "ckpt-worker0.states.servers"])
+         "ckpt-worker1.params", "ckpt-worker1.states", "ckpt-worker0.states.servers",
+             "ckpt.whole.json"])
     run_job("quadratic_job.py", ["--out", tmp_path / "resumed", "--steps", 10,
                                  "--resume-prefix", prefix, "--first-step", 6] + options,
             servers=2, timeout=90)

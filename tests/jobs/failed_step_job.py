@@ -6,7 +6,9 @@ weight and a bias of the first layer, the second's weight; its bias is frozen). 
 --rank, the local update of the second key group raises once at step --fail-at, after that
 group's round was sent and before the third group's was. The loop catches every exception of
 trainer.step, prints `caught <type>: <message>`, tries odsgd.save_checkpoint in the handler
-(printing what it raised) and goes on, as a careless training loop would."""
+(printing what it raised) and goes on, as a careless training loop would. Every worker saves
+a good checkpoint to the same prefix after step --good-save-at, before the failure: the
+handler's save must leave it whole."""
 import argparse
 import os
 import sys
@@ -24,6 +26,7 @@ def parse_args():
     p.add_argument("--fail-at", type=int, default=5)
     p.add_argument("--rank", type=int, default=1)
     p.add_argument("--prefix", required=True)
+    p.add_argument("--good-save-at", type=int, default=3)
     return p.parse_args()
 
 
@@ -67,6 +70,8 @@ def main():
                 odsgd.save_checkpoint(trainer, args.prefix)
             except Exception as refused:  # noqa: BLE001
                 say("save refused: %s: %s" % (type(refused).__name__, refused))
+        if step == args.good_save_at:
+            odsgd.save_checkpoint(trainer, args.prefix)
         print("step %d done" % step, flush=True)
 
 
