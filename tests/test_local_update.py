@@ -588,10 +588,10 @@ def _start_state(weights):
     return {"w": w, "m": [np.zeros_like(a) for a in w], "v": [np.zeros_like(a) for a in w]}
 
 
-def test_local_weights_are_gathered_once_and_never_waited_for(monkeypatch):
-    """With lam != 0 the fused step reads w_t from group.local: gathered from the weights at
-    the group's first update, kept by the operator after that (equal to the weights bit for
-    bit), and the step never waits for the weights (no to_default_layout)."""
+def test_local_weights_are_gathered_every_step_and_never_waited_for(monkeypatch):
+    """With lam != 0 the fused step reads w_t from group.local, gathered from the weights at
+    every step (equal to the weights bit for bit after the step), and the step never waits
+    for the weights (no to_default_layout)."""
     from odsgd.native import layout
     assert native.load()
     rng = np.random.RandomState(31)
@@ -603,7 +603,25 @@ def test_local_weights_are_gathered_once_and_never_waited_for(monkeypatch):
         _group_step(updater, group, weights, step, rng, state)
         np.testing.assert_array_equal(group.local.asnumpy(),
                                       np.concatenate([a.asnumpy().ravel() for a in weights]))
-    assert len(gathers) == 1 and not waits
+    assert len(gathers) == 4 and not waits
+
+
+def test_a_write_into_the_parameters_between_steps_is_what_the_next_step_reads():
+    """A value written into the parameters between two steps without telling the store (an
+    EMA, a weight constraint written in place, Module.set_params) is w_t for the next step's
+    compensation term, as the NumPy reference computes it from that value."""
+    assert native.load()
+    rng = np.random.RandomState(36)
+    updater, group, weights = _local_group(rng, [(3, 4), (1031,)])
+    state = _start_state(weights)
+    for step in range(2):
+        _group_step(updater, group, weights, step, rng, state)
+    written = [rng.uniform(-1, 1, w.shape).astype(np.float32) for w in state["w"]]
+    for weight, value in zip(weights, written):
+        weight[:] = value
+    state["w"] = written
+    for step in range(2, 4):
+        _group_step(updater, group, weights, step, rng, state)
 
 
 def test_without_compensation_there_is_no_local_copy():
