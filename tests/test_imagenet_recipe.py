@@ -203,7 +203,7 @@ def test_label_smoothing_targets_and_loss():
     targets = imperative.Targets(5, num_epochs=3, label_smoothing=True)
     data = [mx.nd.ones((3, 2)), mx.nd.ones((3, 2)) * 2]
     label = [mx.nd.array(labels[:3]), mx.nd.array(labels[3:])]
-    inputs, goals = targets.prepare(data, label, epoch=0)
+    inputs, goals = targets.prepare(data, label, epoch=0, batch=0)
     assert inputs is data and not targets.sparse
     expected = numpy_targets(labels, 5, 0.1)
     np.testing.assert_allclose(np.concatenate([g.asnumpy() for g in goals]), expected,
@@ -214,41 +214,53 @@ def test_label_smoothing_targets_and_loss():
     log_softmax = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
     np.testing.assert_allclose(loss, -(expected[:3] * log_softmax).sum(axis=1), rtol=1e-5)
     plain = imperative.Targets(5, num_epochs=3)
-    assert plain.sparse and plain.prepare(data, label, 0) == (data, label)
+    assert plain.sparse and plain.prepare(data, label, 0, 0) == (data, label)
+
+
+def mixed_lambda(mixed, x):
+    """The lam of lam * x + (1 - lam) * x[::-1], read back from the mixed batch."""
+    differ = np.abs(x - x[::-1]) > 0.1
+    return float(np.median(((mixed - x[::-1]) / np.where(differ, x - x[::-1], 1))[differ]))
 
 
 def test_mixup_batches_and_targets():
     """GluonCV: per device, x -> lam x + (1-lam) x[::-1], targets lam y + (1-lam) y[::-1] of
-    the (smoothed with --label-smoothing) one-hot labels; lam ~ Beta(alpha, alpha) per batch,
-    1 in the last mixup_off_epoch epochs."""
+    the (smoothed with --label-smoothing) one-hot labels; lam ~ Beta(alpha, alpha), one per
+    batch, 1 in the last mixup_off_epoch epochs; a batch's lam depends on its (epoch, batch)
+    alone (a resumed run draws it again), not on the draws before."""
     rng = np.random.RandomState(1)
     x = rng.rand(6, 3, 2, 2).astype(np.float32)
     y = np.array([0, 1, 2, 3, 1, 0], dtype=np.float32)
     for smoothing, eta in ((False, 0.0), (True, 0.1)):
         targets = imperative.Targets(4, num_epochs=5, label_smoothing=smoothing, mixup=True,
-                                     mixup_alpha=0.4, mixup_off_epoch=2, seed=7)
+                                     mixup_alpha=0.4, mixup_off_epoch=2, seed=7, rank=1)
         mixed, goal = targets.mix(mx.nd.array(x), mx.nd.array(y), 0.3)
         np.testing.assert_allclose(mixed.asnumpy(), 0.3 * x + 0.7 * x[::-1], rtol=1e-6)
         np.testing.assert_allclose(goal.asnumpy(), 0.3 * numpy_targets(y, 4, eta) +
                                    0.7 * numpy_targets(y[::-1], 4, eta), rtol=1e-6)
         # two devices: each half mixed with itself reversed, one lam for the batch
-        draws = np.random.RandomState(7)
         halves = [mx.nd.array(x[:3]), mx.nd.array(x[3:])]
         labels = [mx.nd.array(y[:3]), mx.nd.array(y[3:])]
-        for epoch in range(5):
-            lam = draws.beta(0.4, 0.4)
-            lam = 1.0 if epoch >= 3 else lam
-            inputs, goals = targets.prepare(halves, labels, epoch)
+        seen = {}
+        for epoch, batch in [(e, b) for e in range(5) for b in range(3)]:
+            inputs, goals = targets.prepare(halves, labels, epoch, batch)
+            lam = mixed_lambda(inputs[0].asnumpy(), x[:3])
+            assert (lam == 1.0) == (epoch >= 3)
             for part, (xs, ys) in enumerate(((x[:3], y[:3]), (x[3:], y[3:]))):
                 np.testing.assert_allclose(inputs[part].asnumpy(),
-                                           lam * xs + (1 - lam) * xs[::-1], rtol=1e-5)
+                                           lam * xs + (1 - lam) * xs[::-1], rtol=1e-4,
+                                           atol=1e-5)
                 np.testing.assert_allclose(
                     goals[part].asnumpy(), lam * numpy_targets(ys, 4, eta) +
-                    (1 - lam) * numpy_targets(ys[::-1], 4, eta), rtol=1e-5, atol=1e-7)
-            if epoch >= 3:     # mixup off: the plain (smoothed) one-hot targets
-                np.testing.assert_allclose(goals[0].asnumpy(), numpy_targets(y[:3], 4, eta),
-                                           rtol=1e-6)
+                    (1 - lam) * numpy_targets(ys[::-1], 4, eta), rtol=1e-4, atol=1e-5)
+            seen[epoch, batch] = lam
+        assert len({lam for lam in seen.values() if lam != 1.0}) == 9   # a draw per batch
         assert isinstance(targets.metric(), mx.metric.RMSE)    # GluonCV's metric for mixup
+    # a new Targets asked for (epoch 2, batch 1) first draws what the one above drew there
+    resumed = imperative.Targets(4, num_epochs=5, mixup=True, mixup_alpha=0.4,
+                                 mixup_off_epoch=2, seed=7, rank=1)
+    inputs, _ = resumed.prepare(halves, labels, 2, 1)
+    assert mixed_lambda(inputs[0].asnumpy(), x[:3]) == pytest.approx(seen[2, 1], rel=1e-4)
 
 
 # -- the network: --no-wd, --last-gamma, --use-pretrained ----------------------------------

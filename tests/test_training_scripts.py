@@ -95,12 +95,21 @@ def test_equal_steps_rule_matches_mxnet_indexed_split(tmp_path):
 
 
 def test_equal_steps_wraps_a_short_shard():
-    """ResizeIter stops at the agreed count and starts a shard over instead of ending early."""
-    it = data.ArrayIter(np.zeros((5, 1, 2, 2)), np.arange(5), 2, lambda b, r: b, seed=0)
+    """The equal-steps wrapper stops at the agreed count and starts a short shard of an MXNet
+    iterator (a .rec split by bytes) over instead of ending early; a shard of the iterators
+    that can start mid-epoch always holds the count, and running short is refused (a wrap
+    would break the replay of a resumed run)."""
+    it = mx.io.NDArrayIter(np.arange(20).reshape(5, 1, 2, 2), np.arange(5), 2,
+                           last_batch_handle="discard")
     counted = data.resized_to(it, 4)
-    assert sum(1 for _ in counted) == 4
+    labels = [b.label[0].asnumpy().tolist() for b in counted]
+    assert labels == [[0, 1], [2, 3], [0, 1], [2, 3]]
     counted.reset()
     assert sum(1 for _ in counted) == 4
+    short = data.resized_to(data.ArrayIter(np.zeros((5, 1, 2, 2)), np.arange(5), 2,
+                                           lambda b, r: b, seed=0), 4)
+    with pytest.raises(RuntimeError, match="ran out after 2 of 4 batches"):
+        list(short)
 
 
 def test_schedule_is_gluoncv_and_loads_without_gluoncv():
@@ -237,14 +246,13 @@ def test_imagenet_two_workers_dist_odsgd(tmp_path):
     written = set(os.listdir(save))
     expected = {"results.json", "train_imagenet.log"}
     for epoch in (1, 2):
-        # global weights from rank 0; dist_odsgd's states from every worker
+        # global weights from rank 0; a whole checkpoint of every worker and the servers
+        checkpoint = "imagenet-resnet18_v1-step%09d" % (4 * epoch)
         expected |= {"imagenet-resnet18_v1-%04d.params" % epoch,
-                     "imagenet-resnet18_v1-%04d.states" % epoch,
-                     "imagenet-resnet18_v1-%04d.worker1.states" % epoch}
-    assert expected <= written
-    # nothing else but the servers' part of the states, which the store writes beside
-    assert all(re.fullmatch(r"imagenet-resnet18_v1-000[12]\.states\.servers", name)
-               for name in written - expected), written
+                     checkpoint + "-worker0.params", checkpoint + "-worker1.params",
+                     checkpoint + "-worker0.states", checkpoint + "-worker1.states",
+                     checkpoint + "-worker0.states.servers", checkpoint + ".whole.json"}
+    assert written == expected
     log = (save / "train_imagenet.log").read_text()
     assert "37 training samples, 2 workers, 4 per worker and step: 4 steps per epoch" in log
     assert len(re.findall(r"\[Epoch \d\] validation \(global weights\)", log)) == 2
@@ -316,11 +324,12 @@ def test_mnist_digits_learns_and_resumes(tmp_path):
     assert evaluate_params(net, mx.cpu(), digits_test_iterator()) == pytest.approx(
         accuracies[-1], abs=1e-9)
 
+    # --resume-states takes rank 0's states of the epoch's whole checkpoint (step 3 x 22)
     run_job(script("train_mnist.py"), common + [
         "--num-epochs", 4, "--resume-epoch", 3,
         "--resume-params", save / "mnist-mlp-0003.params",
-        "--resume-states", save / "mnist-mlp-0003.states", "--json", save / "resumed.json"],
-        timeout=150)
+        "--resume-states", save / "mnist-mlp-step000000066-worker0.states",
+        "--json", save / "resumed.json"], timeout=150)
     resumed = read_results(save / "resumed.json")
     assert [h["epoch"] for h in resumed["history"]] == [4]
     assert resumed["history"][0]["val_top1"] > max(0.8, accuracies[0] + 0.02)

@@ -7,9 +7,17 @@ per epoch, or the one with more batches waits forever for the others. Every work
 runs `steps_per_epoch(total, N, batch)` batches an epoch: the number of full batches in the
 *smallest* shard. Shards follow MXNet's indexed RecordIO split (`num_parts`/`part_index` with
 an .idx file): part k holds records [k * ceil(total/N), (k+1) * ceil(total/N)), so the last part
-is the smallest. The iterators are wrapped in `mx.io.ResizeIter`, which stops every worker at
+is the smallest. The iterators are wrapped in `EpochBatches`, which stops every worker at
 that count and, should a shard run out first (a .rec without .idx is split by bytes), starts
 it over instead of hanging.
+
+Resuming exactly: every random draw of the data (the shuffle, CIFAR's pad-crop-flip, the image
+folder's augmentation) comes from a stream keyed by (seed, rank, epoch, batch or position):
+`stream`. What batch b of epoch e holds therefore does not depend on what ran before, and an
+iterator started at batch b of epoch e (`EpochBatches.start_epoch(e, skip=b)`) gives what the
+uninterrupted run gave from there. The in-memory ArrayIter, SyntheticIter and the image
+folder's LoaderIter can start anywhere; MXNet's ImageRecordIter only at an epoch's start (it
+is made anew each epoch with the epoch's seed: `EpochRecordIter`).
 
 All iterators give batches of `data` (NCHW float32) and `softmax_label`; a batch's `pad` counts
 the padding samples at its end (evaluation ignores them).
@@ -18,6 +26,7 @@ import gzip
 import math
 import os
 import pickle
+import random
 import struct
 
 import mxnet as mx
@@ -52,38 +61,125 @@ def steps_per_epoch(total, num_workers, batch_size):
 
 def resized_to(data_iter, steps):
     """`data_iter` cut (or wrapped around) to exactly `steps` batches an epoch."""
-    return mx.io.ResizeIter(data_iter, steps, reset_internal=True)
+    return EpochBatches(data_iter, steps)
+
+
+# -- random streams keyed by position: what a resumed run draws again ----------------------
+#: what a stream is for; the first entry of its key, so that no two purposes share draws
+ORDER, AUGMENTATION, MIXUP, ITEM, NETWORK = range(5)
+
+
+def stream_seed(purpose, seed, rank, epoch, position=0):
+    """A 32-bit seed for the draws of `purpose` on worker `rank` at `position` (a batch, or a
+    sample's place in the epoch) of `epoch`, in the run of --seed `seed`: the same whatever ran
+    before, so that a run resumed at any batch draws what the uninterrupted run drew there.
+    The key has a fixed length: NumPy's SeedSequence gives [a, b] and [a, b, 0] one state."""
+    key = [int(purpose), int(seed) % 2 ** 32, int(rank), int(epoch), int(position)]
+    return int(np.random.SeedSequence(key).generate_state(1)[0])
+
+
+def stream(purpose, seed, rank, epoch, position=0):
+    """np.random.RandomState of stream_seed(...)."""
+    return np.random.RandomState(stream_seed(purpose, seed, rank, epoch, position))
+
+
+def can_start_mid_epoch(data_iter):
+    """Whether `data_iter` can start at any batch of an epoch (start_epoch with skip > 0)."""
+    return getattr(data_iter, "starts_mid_epoch", False)
+
+
+class EpochBatches(mx.io.DataIter):
+    """Exactly `steps` batches an epoch of `source` (one worker's shard), from any batch of
+    any epoch where the source can start there.
+
+    start_epoch(epoch, skip) positions it at batch `skip` of `epoch`; reset() goes on with the
+    next epoch (what Module.fit calls between epochs). A source without start_epoch (any
+    mx.io iterator) is reset at each epoch's start and can only start at batch 0."""
+
+    def __init__(self, source, steps):
+        super(EpochBatches, self).__init__(source.batch_size)
+        self.source, self.steps = source, steps
+        self.provide_data, self.provide_label = source.provide_data, source.provide_label
+        self.epoch, self.done = 0, 0
+
+    @property
+    def starts_mid_epoch(self):
+        return can_start_mid_epoch(self.source)
+
+    def start_epoch(self, epoch, skip=0):
+        if skip and not self.starts_mid_epoch:
+            raise ValueError("%s can only start at an epoch's first batch, not at batch %d"
+                             % (type(self.source).__name__, skip))
+        if not 0 <= skip <= self.steps:
+            raise ValueError("batch %d is outside an epoch of %d" % (skip, self.steps))
+        if hasattr(self.source, "start_epoch"):
+            self.source.start_epoch(epoch, skip)
+        else:
+            self.source.reset()
+        self.epoch, self.done = epoch, skip
+
+    def reset(self):
+        self.start_epoch(self.epoch + 1)
+
+    def next(self):
+        if self.done >= self.steps:
+            raise StopIteration
+        try:
+            batch = self.source.next()
+        except StopIteration:
+            if self.starts_mid_epoch:
+                # a shard of these holds every batch of the equal-steps count: running short
+                # means the count or the shard is wrong, and a wrap would break the replay
+                raise RuntimeError("%s ran out after %d of %d batches of epoch %d"
+                                   % (type(self.source).__name__, self.done, self.steps,
+                                      self.epoch)) from None
+            self.source.reset()
+            batch = self.source.next()
+        self.done += 1
+        return batch
 
 
 # -- iterators over arrays in memory -------------------------------------------------------
 class ArrayIter(mx.io.DataIter):
     """Full, shuffled batches from arrays in memory (one worker's shard), with an optional
-    per-batch augmentation.
+    per-batch augmentation; it can start at any batch of any epoch (start_epoch).
 
     X : uint8 or float array (N, C, H, W); y : labels (N,); transform(batch, rng) -> float32
-    batch (normalisation, augmentation); seed: the shuffle order (give each worker its own)."""
+    batch (normalisation, augmentation); seed, rank: the keys of its streams (`stream`): epoch
+    e's order is drawn from (seed, rank, e), batch b's augmentation from (seed, rank, e, b)."""
 
-    def __init__(self, X, y, batch_size, transform, seed, shuffle=True):
+    #: start_epoch(epoch, skip) replays any batch of any epoch
+    starts_mid_epoch = True
+
+    def __init__(self, X, y, batch_size, transform, seed, shuffle=True, rank=0):
         super(ArrayIter, self).__init__(batch_size)
         self.X, self.y = X, np.asarray(y, dtype=np.float32)
         self.transform = transform
-        self.shuffle = shuffle
-        self.rng = np.random.RandomState(seed)
+        self.shuffle, self.seed, self.rank = shuffle, seed, rank
         shape = transform(X[:1], np.random.RandomState(0)).shape[1:]
         self.provide_data = [mx.io.DataDesc("data", (batch_size,) + shape, np.float32)]
         self.provide_label = [mx.io.DataDesc("softmax_label", (batch_size,), np.float32)]
+        self.epoch = -1
         self.reset()
 
     def reset(self):
-        self.order = self.rng.permutation(len(self.X)) if self.shuffle else np.arange(len(self.X))
-        self.cursor = 0
+        """The next epoch."""
+        self.start_epoch(self.epoch + 1)
+
+    def start_epoch(self, epoch, skip=0):
+        """Batch `skip` of `epoch` comes next."""
+        self.epoch, self.batch_index = epoch, skip
+        self.order = stream(ORDER, self.seed, self.rank, epoch).permutation(len(self.X)) \
+            if self.shuffle else np.arange(len(self.X))
 
     def next(self):
-        if self.cursor + self.batch_size > len(self.X):
+        start = self.batch_index * self.batch_size
+        if start + self.batch_size > len(self.X):
             raise StopIteration
-        idx = self.order[self.cursor:self.cursor + self.batch_size]
-        self.cursor += self.batch_size
-        data = self.transform(self.X[idx], self.rng)
+        idx = self.order[start:start + self.batch_size]
+        data = self.transform(self.X[idx], stream(AUGMENTATION, self.seed, self.rank,
+                                                  self.epoch, self.batch_index))
+        self.batch_index += 1
         return mx.io.DataBatch([mx.nd.array(data)], [mx.nd.array(self.y[idx])], pad=0)
 
 
@@ -100,7 +196,7 @@ def array_iterators(train, test, rank, num_workers, batch_size, train_transform,
     X, y = train
     start, stop = shard_bounds(len(X), num_workers, rank)
     train_iter = ArrayIter(X[start:stop], y[start:stop], batch_size, train_transform,
-                           seed=seed * 1000 + rank)
+                           seed=seed, rank=rank)
     test_iter = evaluation_iter(test[0], test[1], batch_size, test_transform) if with_test \
         else None
     return train_iter, test_iter
@@ -149,8 +245,14 @@ class SyntheticIter(mx.io.DataIter):
         self.provide_label = [mx.io.DataDesc("softmax_label", (batch_size,), np.float32)]
         self.count = 0
 
+    #: every batch is the same one: any batch of any epoch can come next
+    starts_mid_epoch = True
+
     def reset(self):
         self.count = 0
+
+    def start_epoch(self, _epoch, skip=0):
+        self.count = skip
 
     def next(self):
         if self.count >= self.steps:
@@ -202,14 +304,16 @@ def imagenet_iterators(args, rank, num_workers, batch_size, with_val):
     normalization = dict(mean_r=mean[0], mean_g=mean[1], mean_b=mean[2],
                          std_r=std[0], std_g=std[1], std_b=std[2])
     index = dict(path_imgidx=args.rec_train_idx) if args.rec_train_idx else {}
-    train = mx.io.ImageRecordIter(
-        path_imgrec=args.rec_train, preprocess_threads=args.num_workers, shuffle=True,
-        batch_size=batch_size, data_shape=(3, input_size, input_size), rand_mirror=True,
-        random_resized_crop=True, max_aspect_ratio=4.0 / 3.0, min_aspect_ratio=3.0 / 4.0,
-        max_random_area=1, min_random_area=0.08, brightness=IMAGENET_JITTER,
-        saturation=IMAGENET_JITTER, contrast=IMAGENET_JITTER, pca_noise=IMAGENET_LIGHTING,
-        num_parts=num_workers, part_index=rank, seed=args.seed * 1000 + rank, dtype="float32",
-        **dict(index, **normalization))
+    def make_train(seed):
+        return mx.io.ImageRecordIter(
+            path_imgrec=args.rec_train, preprocess_threads=args.num_workers, shuffle=True,
+            batch_size=batch_size, data_shape=(3, input_size, input_size), rand_mirror=True,
+            random_resized_crop=True, max_aspect_ratio=4.0 / 3.0, min_aspect_ratio=3.0 / 4.0,
+            max_random_area=1, min_random_area=0.08, brightness=IMAGENET_JITTER,
+            saturation=IMAGENET_JITTER, contrast=IMAGENET_JITTER, pca_noise=IMAGENET_LIGHTING,
+            num_parts=num_workers, part_index=rank, seed=seed, dtype="float32",
+            **dict(index, **normalization))
+    train = EpochRecordIter(make_train, args.seed, rank)
     val = None
     if with_val:
         val_index = dict(path_imgidx=args.rec_val_idx) if args.rec_val_idx else {}
@@ -219,6 +323,50 @@ def imagenet_iterators(args, rank, num_workers, batch_size, with_val):
             data_shape=(3, input_size, input_size), round_batch=True,
             **dict(val_index, **normalization))
     return train, val
+
+
+class EpochRecordIter(mx.io.DataIter):
+    """An MXNet iterator (ImageRecordIter) made anew at each epoch's start by `make(seed)`,
+    with the epoch's seed (stream ORDER of (seed, rank, epoch)).
+
+    Why anew: ImageRecordIter shuffles and augments from its own generator, seeded once and
+    carried on from epoch to epoch inside one process, so a job resumed at epoch e would
+    draw epoch 0's order again. Made with epoch e's seed, it draws what the uninterrupted
+    run drew in epoch e (measured: the same seed gives the same batches, with 1 and 4
+    decoding threads). It cannot start mid-epoch: it would have to decode the batches it
+    skips."""
+
+    starts_mid_epoch = False
+
+    def __init__(self, make, seed, rank):
+        self.make, self.seed, self.rank = make, seed, rank
+        self.epoch = 0
+        self.inner = make(self._seed(0))
+        self.unread = True          # made for epoch 0 and not read yet
+        super(EpochRecordIter, self).__init__(self.inner.batch_size)
+        self.provide_data, self.provide_label = self.inner.provide_data, \
+            self.inner.provide_label
+
+    def _seed(self, epoch):
+        # ImageRecordIter's seed is a C int
+        return stream_seed(ORDER, self.seed, self.rank, epoch) % (2 ** 31 - 1)
+
+    def start_epoch(self, epoch, skip=0):
+        if skip:
+            raise ValueError("MXNet's ImageRecordIter (--use-rec) can only start at an "
+                             "epoch's first batch, not at batch %d" % skip)
+        if epoch != self.epoch or not self.unread:
+            self.inner = None       # its decoding threads end before the next one's start
+            self.inner = self.make(self._seed(epoch))
+        self.epoch, self.unread = epoch, True
+
+    def reset(self):
+        """Starts the epoch's shard over (EpochBatches, where a shard runs out first)."""
+        self.inner.reset()
+
+    def next(self):
+        self.unread = False
+        return self.inner.next()
 
 
 def imagenet_folder(data_dir, train):
@@ -254,41 +402,87 @@ def folder_shard(count, rank, num_workers, seed=1234):
 
 
 class _ShardBatches(object):
-    """Batches of indices for a gluon DataLoader: `indices` shuffled anew at each pass (full
-    batches only), or in order with a last short batch."""
+    """Batches for a gluon DataLoader: `indices` in order with a last short batch (shuffle
+    False); or, with shuffle, the full batches of epoch `epoch`'s permutation of them (stream
+    ORDER of (seed, rank, epoch)) from batch `skip` on, each item (index, the seed of its
+    augmentation: stream ITEM of its place in the epoch)."""
 
-    def __init__(self, indices, batch_size, shuffle, seed):
+    def __init__(self, indices, batch_size, shuffle, seed, rank):
         self.indices, self.batch_size, self.shuffle = np.asarray(indices), batch_size, shuffle
-        self.rng = np.random.RandomState(seed)
+        self.seed, self.rank = seed, rank
+        self.epoch, self.skip = 0, 0
 
     def __iter__(self):
-        order = self.rng.permutation(self.indices) if self.shuffle else self.indices
-        stop = len(order) - len(order) % self.batch_size if self.shuffle else len(order)
-        for start in range(0, stop, self.batch_size):
-            yield order[start:start + self.batch_size].tolist()
+        size = self.batch_size
+        if not self.shuffle:
+            for start in range(0, len(self.indices), size):
+                yield self.indices[start:start + size].tolist()
+            return
+        order = stream(ORDER, self.seed, self.rank, self.epoch).permutation(self.indices)
+        for start in range(self.skip * size, len(order) - len(order) % size, size):
+            yield [(int(order[place]),
+                    stream_seed(ITEM, self.seed, self.rank, self.epoch, place))
+                   for place in range(start, start + size)]
 
     def __len__(self):
         full, rest = divmod(len(self.indices), self.batch_size)
         return full + (1 if rest and not self.shuffle else 0)
 
 
-class LoaderIter(mx.io.DataIter):
-    """A gluon DataLoader over `indices` of `dataset` (items (image, label), transformed to
-    `data_shape`) as an mx.io DataIter: shuffled full batches (shuffle=True), or every item in
-    order with the last batch padded (its `pad` says by how many)."""
+class _SeededItems(mx.gluon.data.Dataset):
+    """Items `(index, seed)` of `dataset`, the image transformed by `transform` after every
+    generator it may draw from is seeded with `seed`: Python's (gluon's RandomResizedCrop and
+    colour jitter in mx.image), NumPy's and MXNet's (the image operators: flip, lighting).
+    An item is then the same in whichever data-loading process it is made, and whatever was
+    made before it."""
 
-    def __init__(self, dataset, indices, batch_size, data_shape, shuffle, seed, num_workers):
+    def __init__(self, dataset, transform):
+        self.dataset, self.transform = dataset, transform
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        index, seed = key
+        random.seed(seed)
+        np.random.seed(seed)
+        mx.random.seed(seed)
+        image, label = self.dataset[index]
+        return self.transform(image), label
+
+
+class LoaderIter(mx.io.DataIter):
+    """A gluon DataLoader over `indices` of `dataset` (items (image, label), the image
+    transformed by `transform` to `data_shape`) as an mx.io DataIter: shuffled full batches
+    (shuffle=True; seeded by (seed, rank, epoch) and each sample's place, so that it can start
+    at any batch of any epoch: start_epoch), or every item in order with the last batch
+    padded (its `pad` says by how many)."""
+
+    def __init__(self, dataset, transform, indices, batch_size, data_shape, shuffle, seed,
+                 num_workers, rank=0):
         super(LoaderIter, self).__init__(batch_size)
-        self.loader = mx.gluon.data.DataLoader(
-            dataset, batch_sampler=_ShardBatches(indices, batch_size, shuffle, seed),
-            num_workers=num_workers)
+        self.sampler = _ShardBatches(indices, batch_size, shuffle, seed, rank)
+        items = _SeededItems(dataset, transform) if shuffle else \
+            dataset.transform_first(transform)
+        self.loader = mx.gluon.data.DataLoader(items, batch_sampler=self.sampler,
+                                               num_workers=num_workers)
         self.provide_data = [mx.io.DataDesc("data", (batch_size,) + tuple(data_shape),
                                             np.float32)]
         self.provide_label = [mx.io.DataDesc("softmax_label", (batch_size,), np.float32)]
         self.batches = None
 
-    def reset(self):
+    @property
+    def starts_mid_epoch(self):
+        return self.sampler.shuffle
+
+    def start_epoch(self, epoch, skip=0):
+        """Batch `skip` of `epoch` comes next."""
+        self.sampler.epoch, self.sampler.skip = epoch, skip
         self.batches = None
+
+    def reset(self):
+        """The next epoch."""
+        self.start_epoch(self.sampler.epoch + 1)
 
     def next(self):
         if self.batches is None:
@@ -310,15 +504,14 @@ def imagenet_folder_iterators(args, rank, num_workers, batch_size, with_val):
     train_transform, val_transform = imagenet_folder_transforms(args)
     shape = (3, args.input_size, args.input_size)
     train_set = imagenet_folder(args.data_dir, train=True)
-    train = LoaderIter(train_set.transform_first(train_transform),
+    train = LoaderIter(train_set, train_transform,
                        folder_shard(len(train_set), rank, num_workers), batch_size, shape,
-                       shuffle=True, seed=args.seed * 1000 + rank, num_workers=args.num_workers)
+                       shuffle=True, seed=args.seed, num_workers=args.num_workers, rank=rank)
     val = None
     if with_val:
         val_set = imagenet_folder(args.data_dir, train=False)
-        val = LoaderIter(val_set.transform_first(val_transform), np.arange(len(val_set)),
-                         batch_size, shape, shuffle=False, seed=0,
-                         num_workers=args.num_workers)
+        val = LoaderIter(val_set, val_transform, np.arange(len(val_set)), batch_size, shape,
+                         shuffle=False, seed=0, num_workers=args.num_workers)
     return train, val
 
 

@@ -5,10 +5,9 @@ import logging
 import time
 
 import mxnet as mx
-import numpy as np
 from mxnet import autograd, gluon
 
-from . import epoch_saves, store
+from . import checkpoints, data, epoch_saves, networks, store
 
 LOG = logging.getLogger("odsgd.training")
 
@@ -69,17 +68,19 @@ class Targets(object):
     1 - eta + eta/K for the label and eta/K elsewhere (eta = 0.1, K classes). mixup: each
     device's batch x is trained as lam * x + (1 - lam) * x[::-1], against the (smoothed, with
     label_smoothing) one-hot targets mixed alike; lam ~ Beta(alpha, alpha), one draw per batch
-    from this worker's generator (`seed`), and lam = 1 in the last `mixup_off_epoch` epochs.
+    from the stream of (seed, rank, epoch, batch) (data.stream: a run resumed at any batch
+    draws what the uninterrupted run drew there), and lam = 1 in the last `mixup_off_epoch`
+    epochs. The smoothed targets draw nothing.
     The training metric is GluonCV's: RMSE of the softmax against the mixed targets with
     mixup, else accuracy on the labels."""
 
     def __init__(self, num_classes, num_epochs, label_smoothing=False, mixup=False,
-                 mixup_alpha=0.2, mixup_off_epoch=0, seed=0):
+                 mixup_alpha=0.2, mixup_off_epoch=0, seed=0, rank=0):
         self.num_classes, self.num_epochs = num_classes, num_epochs
         self.eta = LABEL_SMOOTHING_ETA if label_smoothing else 0.0
         self.mixup, self.mixup_alpha, self.mixup_off_epoch = mixup, mixup_alpha, mixup_off_epoch
         self.sparse = not (label_smoothing or mixup)
-        self.rng = np.random.RandomState(seed)
+        self.seed, self.rank = seed, rank
 
     @classmethod
     def from_args(cls, args, num_classes, rank):
@@ -89,7 +90,7 @@ class Targets(object):
                    mixup=getattr(args, "mixup", False),
                    mixup_alpha=getattr(args, "mixup_alpha", 0.2),
                    mixup_off_epoch=getattr(args, "mixup_off_epoch", 0),
-                   seed=args.seed * 1000 + rank)
+                   seed=args.seed, rank=rank)
 
     def loss(self):
         return gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=self.sparse)
@@ -98,24 +99,27 @@ class Targets(object):
         k = self.num_classes
         return label.one_hot(k, on_value=1 - self.eta + self.eta / k, off_value=self.eta / k)
 
-    def mixup_lambda(self, epoch):
-        lam = self.rng.beta(self.mixup_alpha, self.mixup_alpha)
-        return 1.0 if epoch >= self.num_epochs - self.mixup_off_epoch else lam
+    def mixup_lambda(self, epoch, batch):
+        if epoch >= self.num_epochs - self.mixup_off_epoch:
+            return 1.0
+        draws = data.stream(data.MIXUP, self.seed, self.rank, epoch, batch)
+        return draws.beta(self.mixup_alpha, self.mixup_alpha)
 
     def mix(self, data, label, lam):
         """(inputs, targets) of one device's batch mixed with itself reversed."""
         return (lam * data + (1 - lam) * data[::-1],
                 lam * self.one_hot(label) + (1 - lam) * self.one_hot(label[::-1]))
 
-    def prepare(self, data, label, epoch):
-        """(inputs, targets), one per device, from the devices' data and labels."""
+    def prepare(self, inputs, label, epoch, batch):
+        """(inputs, targets), one per device, from the devices' inputs and labels of batch
+        `batch` of `epoch`."""
         if self.mixup:
-            lam = self.mixup_lambda(epoch)
-            mixed = [self.mix(x, y, lam) for x, y in zip(data, label)]
+            lam = self.mixup_lambda(epoch, batch)
+            mixed = [self.mix(x, y, lam) for x, y in zip(inputs, label)]
             return [m[0] for m in mixed], [m[1] for m in mixed]
         if not self.sparse:
-            return data, [self.one_hot(y) for y in label]
-        return data, label
+            return inputs, [self.one_hot(y) for y in label]
+        return inputs, label
 
     def metric(self):
         return mx.metric.RMSE() if self.mixup else mx.metric.Accuracy()
@@ -137,26 +141,39 @@ def new_metrics(num_classes):
 
 
 def _split(batch, ctx_list, dtype):
-    data = gluon.utils.split_and_load(batch.data[0].astype(dtype, copy=False), ctx_list,
-                                      batch_axis=0, even_split=False)
+    inputs = gluon.utils.split_and_load(batch.data[0].astype(dtype, copy=False), ctx_list,
+                                        batch_axis=0, even_split=False)
     label = gluon.utils.split_and_load(batch.label[0], ctx_list, batch_axis=0,
                                        even_split=False)
-    return data, label
+    return inputs, label
 
 
-def train_epoch(net, trainer, train_iter, ctx_list, step_scale, epoch, args, lr_at, targets):
-    """One epoch over `train_iter` with the loss and inputs of `targets` (a Targets); returns
-    {'train_accuracy' (or 'train_rmse' with mixup), 'train_loss', 'time', 'samples', 'steps'}.
-    Logs speed and the metric every --log-interval batches, with the global rate `lr_at(i)`
-    at the epoch's batch i."""
+class EpochSteps(object):
+    """What train_epoch runs: `epoch` of the run from batch `skip` (0, or where a resumed run
+    goes on), `before_batch(epoch, batch)` (None, or the seeding of random layers),
+    `after_step(epoch, batches_done) -> True to stop` (None, or the run's checkpoints)."""
+
+    def __init__(self, epoch, skip=0, before_batch=None, after_step=None):
+        self.epoch, self.skip = epoch, skip
+        self.before_batch, self.after_step = before_batch, after_step
+        self.stopped = False
+
+
+def train_epoch(net, trainer, train_iter, ctx_list, step_scale, steps, args, lr_at, targets):
+    """One epoch (`steps`, an EpochSteps) over `train_iter` with the loss and inputs of
+    `targets` (a Targets); returns {'train_accuracy' (or 'train_rmse' with mixup),
+    'train_loss', 'time', 'samples', 'steps'}. Logs speed and the metric every --log-interval
+    batches, with the global rate `lr_at(i)` at the epoch's batch i."""
     loss_fn = targets.loss()
     metric, mean_loss = targets.metric(), mx.metric.Loss()
-    train_iter.reset()
+    train_iter.start_epoch(steps.epoch, steps.skip)
     tic = interval_tic = time.time()
-    samples = interval_samples = 0
-    for i, batch in enumerate(train_iter):
-        data, label = _split(batch, ctx_list, "float32")
-        inputs, goals = targets.prepare(data, label, epoch)
+    samples = interval_samples = done = 0
+    for i, batch in enumerate(train_iter, start=steps.skip):
+        inputs, label = _split(batch, ctx_list, "float32")
+        inputs, goals = targets.prepare(inputs, label, steps.epoch, i)
+        if steps.before_batch is not None:
+            steps.before_batch(steps.epoch, i)
         with autograd.record():
             outputs = [net(x.astype(args.dtype, copy=False)) for x in inputs]
             losses = [loss_fn(out, y.astype(args.dtype, copy=False))
@@ -165,19 +182,35 @@ def train_epoch(net, trainer, train_iter, ctx_list, step_scale, epoch, args, lr_
         trainer.step(step_scale)
         targets.update_metric(metric, label, goals, outputs)
         mean_loss.update(None, losses)
-        samples += batch.data[0].shape[0]
+        done, samples = done + 1, samples + batch.data[0].shape[0]
         interval_samples += batch.data[0].shape[0]
         if args.log_interval and (i + 1) % args.log_interval == 0:
             LOG.info("Epoch[%d] Batch [%d]\tSpeed: %.1f samples/sec\t%s=%f\tlr=%g",
-                     epoch, i + 1, interval_samples / (time.time() - interval_tic),
+                     steps.epoch, i + 1, interval_samples / (time.time() - interval_tic),
                      metric.get()[0], metric.get()[1], lr_at(i + 1))
             interval_tic, interval_samples = time.time(), 0
+        if steps.after_step is not None and steps.after_step(steps.epoch, i + 1):
+            steps.stopped = True
+            break
     # The epoch's time includes its last pushes and pulls; and a worker must not end the
     # script with them queued (MXNet's engine skips queued work at interpreter exit, and the
     # other workers would wait for those pushes forever).
     mx.nd.waitall()
     return {"train_" + metric.get()[0]: metric.get()[1], "train_loss": mean_loss.get()[1],
-            "time": time.time() - tic, "samples": samples, "steps": i + 1}
+            "time": time.time() - tic, "samples": samples, "steps": done}
+
+
+def random_layer_seeding(net, seed, rank):
+    """before_batch for a network with random layers (Dropout): seeds MXNet's generator from
+    (seed, rank, epoch, batch) before each batch's forward, so that a resumed run draws the
+    masks the uninterrupted run drew; None for a network without (nothing to seed, and a
+    seeding is a call on every device)."""
+    if not networks.has_random_layers(net):
+        return None
+
+    def before_batch(epoch, batch):
+        mx.random.seed(data.stream_seed(data.NETWORK, seed, rank, epoch, batch))
+    return before_batch
 
 
 def evaluate(predict, val_iter, metrics):
@@ -201,13 +234,21 @@ class EvaluationNet(object):
     Why not evaluate the trained network itself: on CPU builds with MKL-DNN an inference-mode
     forward reorders convolution weights in place into MKL-DNN's layout, and dist_odsgd's
     fused local update then fails on them ("We can't generate TBlob for MKLDNN data").
-    Evaluating a copy keeps the trained arrays in the default layout. Rank 0 only."""
+    Evaluating a copy keeps the trained arrays in the default layout; and the copy can take
+    the global weights W (refresh_from) while the trained network keeps this worker's own.
+    `like`: the trained network, whose parameters' shapes are known, so that the copy is
+    initialised (and can be saved) before its first forward. Rank 0 only."""
 
-    def __init__(self, make_net, ctx_list, dtype):
+    def __init__(self, make_net, ctx_list, dtype, like=None):
         self.net = make_net()
         if dtype != "float32":
             self.net.cast(dtype)
-        self.net.initialize(ctx=ctx_list)   # every value is overwritten by refresh()
+        if like is not None:
+            pairs = zip(self.net.collect_params().values(), like.collect_params().values())
+            for target, source in pairs:
+                target.shape = source.shape
+        # every value is overwritten by refresh(); Zero draws nothing from MXNet's generator
+        self.net.initialize(mx.init.Zero(), ctx=ctx_list)
         self.net.hybridize(static_alloc=True, static_shape=True)
         self.ctx_list, self.dtype = ctx_list, dtype
 
@@ -217,10 +258,17 @@ class EvaluationNet(object):
         for source, target in pairs:
             target.set_data(source.data())
 
+    def refresh_from(self, trained, weights):
+        """Copies `weights` ({name of a parameter of `trained`: array}, e.g.
+        store.global_weights) into the matching parameters."""
+        pairs = zip(trained.collect_params().values(), self.net.collect_params().values())
+        for source, target in pairs:
+            target.set_data(weights[source.name])
+
     def predict(self, batch):
-        data, _ = _split(batch, self.ctx_list, self.dtype)
+        inputs, _ = _split(batch, self.ctx_list, self.dtype)
         return mx.nd.concat(*[self.net(x).astype("float32").as_in_context(mx.cpu())
-                              for x in data], dim=0)
+                              for x in inputs], dim=0)
 
 
 def epoch_report(epoch, stats, validation):
@@ -236,38 +284,87 @@ def epoch_report(epoch, stats, validation):
                  " ".join("%s=%f" % item for item in sorted(validation.items())))
 
 
-def fit(run):
-    """Trains `run.net` for epochs run.args.resume_epoch .. num_epochs-1; returns the history
-    (one dict per epoch). `run` is a session.Run."""
-    args, kv = run.args, run.kv
-    trainer = make_trainer(run.net, args, kv, run.schedule)
-    step_scale = gradient_scale(kv, run.batch_per_worker)
-    targets = Targets.from_args(args, run.num_classes, run.rank)
+class GlobalModel(object):
+    """Rank 0's view of the global weights W at epoch ends: evaluated on the validation data,
+    and saved as PREFIX-EEEE.params (what a user loads for inference), from an EvaluationNet
+    that takes W from the store (store.global_weights) without touching the trained network.
+
+    Why: today's alternative, load_global_weights, moves rank 0's own weights w_t to W, so
+    under dist_odsgd rank 0's next gradient (and with it the servers' next W) is taken at W
+    instead of w_t. A run resumed after an epoch end would have to repeat that move to stay
+    the interrupted run; reading W into the copy instead leaves the trajectory the same
+    whether a run evaluates, saves, or was resumed, at the cost of the model's memory once
+    more on rank 0 (which evaluating a copy already took)."""
+
+    def __init__(self, run, trainer):
+        self.run, self.trainer = run, trainer
+        self.copy = EvaluationNet(run.make_net, run.contexts, run.args.dtype, like=run.net)
+        self.fresh = False
+
+    def epoch_ended(self):
+        """W has moved on since the last refresh."""
+        self.fresh = False
+
+    def refresh(self):
+        if not self.fresh:
+            self.copy.refresh_from(self.run.net, store.global_weights(self.trainer, self.run.kv))
+            self.fresh = True
+
+    def validation(self):
+        """{metric: value} of W on the validation data ({} without validation data)."""
+        if self.run.val_iter is None:
+            return {}
+        self.refresh()
+        return evaluate(self.copy.predict, self.run.val_iter, new_metrics(self.run.num_classes))
+
+    def save(self, path):
+        self.refresh()
+        self.copy.net.save_parameters(path)
+        LOG.info("saved %s (global weights)", path)
+
+
+def start(run, trainer):
+    """Where training starts (a checkpoints.Position): --resume auto's checkpoint, or
+    --resume-epoch (with --resume-states loaded), or the start."""
+    args = run.args
+    if args.resume == "auto":
+        return checkpoints.resume(run, trainer)
     if args.resume_states:
-        # Loading states sends the optimizer to the servers before the first step, which
-        # would set its gradient scale: set it first (gluon refuses a change afterwards).
-        trainer.optimizer.rescale_grad = 1.0 / step_scale
         epoch_saves.load_trainer_states(trainer, args.resume_states, run.rank)
-    net = run.net
-    net.hybridize(static_alloc=True, static_shape=True)
-    evaluation = None
-    history, start = [], time.time()
-    for epoch in range(args.resume_epoch, args.num_epochs):
-        stats = train_epoch(net, trainer, run.train_iter, run.contexts, step_scale, epoch, args,
-                            lambda i, e=epoch: run.lr_at(e * run.steps + i), targets)
-        validation = {}
-        if run.rank == 0:
-            store.load_global_weights(trainer, kv)
-            if run.val_iter is not None:
-                evaluation = evaluation or EvaluationNet(run.make_net, run.contexts, args.dtype)
-                evaluation.refresh(net)
-                validation = evaluate(evaluation.predict, run.val_iter,
-                                      new_metrics(run.num_classes))
-        if epoch_saves.due(epoch + 1, args.num_epochs, args.save_frequency):
-            epoch_saves.save_imperative(net, trainer, run.prefix, epoch + 1, run.rank,
-                                       states=store.can_save_states(kv))
-        epoch_report(epoch, stats, validation)
+    return checkpoints.Position(args.resume_epoch, 0, [])
+
+
+def fit(run):
+    """Trains `run.net` from the start position (see `start`) to the end of epoch
+    num_epochs-1, or to --stop-after-steps; returns the history (one dict per epoch, those
+    of the epochs before a resumed checkpoint included). `run` is a session.Run."""
+    args = run.args
+    trainer = make_trainer(run.net, args, run.kv, run.schedule)
+    step_scale = gradient_scale(run.kv, run.batch_per_worker)
+    # Loading states sends the optimizer to the servers before the first step, which would
+    # set its gradient scale: set it first (gluon refuses a change afterwards).
+    trainer.optimizer.rescale_grad = 1.0 / step_scale
+    position = start(run, trainer)
+    targets = Targets.from_args(args, run.num_classes, run.rank)
+    run.net.hybridize(static_alloc=True, static_shape=True)
+    history, began = list(position.history), time.time()
+    model = GlobalModel(run, trainer) if run.rank == 0 else None
+    saves = checkpoints.Saves(run, trainer, history, model)
+    before_batch = random_layer_seeding(run.net, args.seed, run.rank)
+    for epoch in range(position.epoch, args.num_epochs):
+        steps = EpochSteps(epoch, position.batch if epoch == position.epoch else 0,
+                           before_batch, saves.after_step)
+        stats = train_epoch(run.net, trainer, run.train_iter, run.contexts, step_scale, steps,
+                            args, lambda i, e=epoch: run.lr_at(e * run.steps + i), targets)
+        if steps.stopped:
+            break
+        if model is not None:
+            model.epoch_ended()
+        validation = model.validation() if model is not None else {}
         history.append(dict(stats, epoch=epoch + 1, lr=run.lr_at((epoch + 1) * run.steps),
-                            wall_time=time.time() - start,
+                            wall_time=time.time() - began,
                             **{"val_" + k: v for k, v in validation.items()}))
+        epoch_report(epoch, stats, validation)
+        if saves.at_epoch_end(epoch):
+            break
     return history

@@ -220,3 +220,30 @@ def initialize(net, initializer, seed, contexts, dtype="float32"):
     else:
         net.initialize(initializer, ctx=contexts)
     return net
+
+
+def finish_initialization(net, data_shape, contexts, dtype="float32"):
+    """Gives every parameter of `net` (initialised with deferred shapes) its shape from an
+    input of `data_shape` and draws its initial values now, without a forward pass: before
+    the first batch is read, so that the draws come from --seed's generator whatever the
+    data loading draws (the image folder's loader seeds MXNet's generator per sample), and so
+    that a checkpoint can be loaded into the parameters before the first step.
+
+    No forward: a training forward would move BatchNorm's running statistics, an inference
+    forward would let MKL-DNN reorder convolution weights in place (see `initialize`).
+    `infer_shape` traces the network symbolically and sets the shapes; Parameter's
+    `_finish_deferred_init` (gluon/parameter.py in MXNet 1.9.1) is what the first forward
+    calls to draw the values (or take ones set while deferred, as --use-pretrained's), here
+    in the order of collect_params."""
+    net.infer_shape(mx.nd.zeros(data_shape, ctx=contexts[0], dtype=dtype))
+    for param in net.collect_params().values():
+        param._finish_deferred_init()
+    return net
+
+
+def has_random_layers(net):
+    """Whether `net` holds Dropout layers (VGG, AlexNet, SqueezeNet, ...), whose masks come
+    from MXNet's generator."""
+    found = []
+    net.apply(lambda block: found.append(block) if isinstance(block, nn.Dropout) else None)
+    return bool(found)

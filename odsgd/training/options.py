@@ -10,6 +10,12 @@ import argparse
 import os
 
 KVSTORES = ("local", "device", "dist_sync", "dist_async", "dist_odsgd")
+#: --save-dir when neither the flag nor the launcher's ODSGD_CHECKPOINT_DIR gives one
+DEFAULT_SAVE_DIR = "params"
+#: the stores whose Trainer odsgd.save_checkpoint / resume_or_start take, so that the scripts
+#: save whole checkpoints (--save-every-steps, --resume auto); the others save the global
+#: weights (and, local stores, their states) at epoch ends as before
+WHOLE_CHECKPOINT_STORES = ("dist_odsgd",)
 MODES = ("imperative", "symbolic")
 
 
@@ -119,16 +125,43 @@ def _add_run_flags(group):
                        "(synthetic data, .rec without .idx)")
     group.add_argument("--log-interval", type=int, default=50,
                        help="batches between speed/metric log lines")
-    group.add_argument("--save-dir", default="params", help="checkpoints and the log file")
+    group.add_argument("--save-dir", default=None,
+                       help="checkpoints and the log file (default: $ODSGD_CHECKPOINT_DIR, "
+                       "which `python -m odsgd.launch --checkpoint-dir DIR` sets, else %s)"
+                       % DEFAULT_SAVE_DIR)
     group.add_argument("--save-frequency", type=int, default=10,
-                       help="epochs between checkpoints (the last epoch is always saved; "
-                       "0: only the last)")
+                       help="epochs between epoch saves (the last epoch is always saved; "
+                       "0: only the last): PREFIX-EEEE.params, the global weights, and, in "
+                       "imperative mode with a kvstore of --resume auto, a whole checkpoint")
+    group.add_argument("--save-every-steps", type=int, default=0, metavar="K",
+                       help="also save a whole checkpoint every K global steps, mid-epoch "
+                       "too (imperative mode; not with --use-rec, whose ImageRecordIter "
+                       "cannot start mid-epoch, nor --mode symbolic, whose Module.fit "
+                       "saves at epoch ends only); 0: epoch saves only")
+    group.add_argument("--resume", choices=("auto",), default=None,
+                       help="auto: resume from the newest whole checkpoint in --save-dir, "
+                       "else start fresh (logged). Imperative mode (kvstore %s): exact, the "
+                       "run goes on batch for batch as the interrupted one would have, from "
+                       "the checkpoint's step (bit for bit for every store but dist_async, "
+                       "whose workers' pushes interleave by timing: it resumes the weights "
+                       "and states only). --use-rec and --mode symbolic resume at epoch "
+                       "boundaries (symbolic: from the epoch saves, each worker from the "
+                       "global weights)" % " or ".join(WHOLE_CHECKPOINT_STORES))
+    group.add_argument("--keep-checkpoints", type=int, default=0, metavar="N",
+                       help="keep the newest N whole checkpoints of this run, removing older "
+                       "ones after each save (rank 0); 0: keep all. PREFIX-EEEE.params stay")
+    group.add_argument("--stop-after-steps", type=int, default=0, metavar="N",
+                       help="for tests and drills: stop after global step N (after the save "
+                       "due there, if any; exit status 0) as if the job had failed there, so "
+                       "that --resume auto can take over; a run resumed past N goes on; 0: "
+                       "train every epoch")
     group.add_argument("--logging-file", default=None,
                        help="log file (default: SAVE_DIR/train_<task>.log)")
     group.add_argument("--resume-params", default="",
                        help="parameters to start from (a checkpoint of this script)")
     group.add_argument("--resume-states", default="",
-                       help="rank 0's states file of the checkpoint (PREFIX-EEEE.states); "
+                       help="rank 0's states file of the checkpoint (PREFIX-EEEE.states, "
+                       "or a whole checkpoint's PREFIX-stepNNNNNNNNN-worker0.states); "
                        "every worker loads its own (local and dist_odsgd stores; MXNet "
                        "cannot save dist_sync's or dist_async's)")
     group.add_argument("--resume-epoch", type=int, default=0,
@@ -176,7 +209,47 @@ def check_arguments(args):
                          "python SCRIPT ...`, or give --kvstore local" % args.kvstore)
     if args.resume_states and not args.resume_params:
         raise ValueError("--resume-states needs --resume-params from the same checkpoint")
+    check_checkpoint_flags(args)
+    resolve_save_dir(args)
     return args
+
+
+def resolve_save_dir(args, environ=None):
+    """--save-dir, else the launcher's ODSGD_CHECKPOINT_DIR (python -m odsgd.launch
+    --checkpoint-dir), else DEFAULT_SAVE_DIR."""
+    environ = os.environ if environ is None else environ
+    args.save_dir = args.save_dir or environ.get("ODSGD_CHECKPOINT_DIR") or DEFAULT_SAVE_DIR
+    return args
+
+
+def check_checkpoint_flags(args):
+    """ValueError naming the flag for checkpoint flags that cannot work together."""
+    for flag, value in (("--save-every-steps", args.save_every_steps),
+                        ("--keep-checkpoints", args.keep_checkpoints),
+                        ("--stop-after-steps", args.stop_after_steps)):
+        if value < 0:
+            raise ValueError("%s must be >= 0 (0: off), got %d" % (flag, value))
+    if args.save_every_steps and args.mode == "symbolic":
+        raise ValueError("--save-every-steps needs --mode imperative (or hybrid): Module.fit "
+                         "(--mode symbolic) gives no point between its steps to save at, so "
+                         "it saves and resumes at epoch ends only (--save-frequency)")
+    if args.save_every_steps and getattr(args, "use_rec", False):
+        raise ValueError("--save-every-steps cannot be used with --use-rec: MXNet's "
+                         "ImageRecordIter cannot start mid-epoch, so a mid-epoch checkpoint "
+                         "could not be resumed; save at epoch ends (--save-frequency) or "
+                         "read the image folder (--data-dir)")
+    if args.mode == "imperative" and (args.save_every_steps or args.resume) and \
+            args.kvstore not in WHOLE_CHECKPOINT_STORES:
+        raise ValueError("--save-every-steps and --resume auto need whole checkpoints, which "
+                         "odsgd.save_checkpoint saves for --kvstore %s, not %s; save at epoch "
+                         "ends (--save-frequency) and resume with --resume-params"
+                         % (" or ".join(WHOLE_CHECKPOINT_STORES), args.kvstore))
+    legacy = [flag for flag, value in (("--resume-params", args.resume_params),
+                                       ("--resume-states", args.resume_states),
+                                       ("--resume-epoch", args.resume_epoch)) if value]
+    if args.resume and legacy:
+        raise ValueError("--resume %s finds its checkpoint itself; drop %s (or --resume)"
+                         % (args.resume, ", ".join(legacy)))
 
 
 # -- GluonCV's ImageNet recipe flags (scripts/train_imagenet.py) ---------------------------

@@ -7,7 +7,11 @@ happens here is what matters:
    and with them the schedules (the local one goes into the store's constructor);
 2. the store, which knows this worker's rank; then logging (rank 0 only);
 3. this worker's shard of the data, the network with the seed's weights (or --resume-params);
-4. the imperative or symbolic loop; rank 0 writes --json.
+4. the imperative or symbolic loop (which, with --resume auto, loads the newest whole
+   checkpoint of --save-dir first: odsgd/training/checkpoints.py); rank 0 writes --json.
+
+--resume auto's checkpoint is looked up first of all: the schedules take the offset of the run
+that saved it, and in symbolic mode it sets --resume-params, --resume-states, --resume-epoch.
 """
 import atexit
 import json
@@ -16,7 +20,8 @@ import os
 
 import mxnet as mx
 
-from . import data, epoch_saves, imperative, logs, networks, options, schedule, store, symbolic
+from . import (checkpoints, data, epoch_saves, imperative, logs, networks, options, schedule,
+               store, symbolic)
 
 LOG = logging.getLogger("odsgd.training")
 
@@ -53,31 +58,52 @@ class Run(object):
         return self.schedule(max(1, self.iterations(steps_done)))
 
 
-def make_schedules(args, steps, num_workers):
-    """(global schedule, local schedule or None), resumed at --resume-epoch."""
+def make_schedules(args, steps, num_workers, offset_epochs=0):
+    """(global schedule, local schedule or None), offset by `offset_epochs` (--resume-epoch,
+    or that of the run whose checkpoint --resume auto goes on from)."""
     iters = schedule.iterations_per_epoch(steps, num_workers, args.kvstore)
     global_schedule = schedule.build_schedule(
         args.lr, args.lr_mode, args.num_epochs, iters, warmup_epochs=args.warmup_epochs,
         warmup_lr=args.warmup_lr, lr_decay=args.lr_decay,
         lr_decay_epoch=schedule.parse_epochs(args.lr_decay_epoch),
-        offset=args.resume_epoch * iters)
+        offset=offset_epochs * iters)
     local_schedule = schedule.build_local_schedule(
         args.local_lr, schedule.parse_epochs(args.local_lr_decay_epoch), args.lr_decay, steps,
-        offset=args.resume_epoch * steps)
+        offset=offset_epochs * steps)
     return global_schedule, local_schedule
 
 
-def build_net(task, args, ctx_list):
+def build_net(task, args, ctx_list, data_shape):
     """The task's network with --seed's initial weights, or --resume-params. In symbolic
     mode only its Symbol is used, and Module draws the initial weights (symbolic.fit)."""
     net = task.make_net(args)
     if args.mode == "symbolic":
         return net
     networks.initialize(net, task.initializer(args), args.seed, ctx_list, args.dtype)
+    networks.finish_initialization(net, data_shape, ctx_list, args.dtype)
     if args.resume_params:
         net.load_parameters(args.resume_params, ctx=ctx_list, cast_dtype=True)
         LOG.info("resumed parameters from %s (epoch %d)", args.resume_params, args.resume_epoch)
     return net
+
+
+def resume_point(task, args):
+    """--resume auto's checkpoint, looked up before anything is built: imperative mode, the
+    newest whole checkpoint of --save-dir (checkpoints.find_resume_point), or None; symbolic
+    mode, the newest whole epoch save, set as --resume-params, --resume-states and
+    --resume-epoch (None returned). Logs a launcher restart that does not resume."""
+    restarts = os.environ.get("ODSGD_RESTART_COUNT", "0")
+    if restarts not in ("", "0") and args.resume != "auto":
+        LOG.warning("restart %s of the launcher without --resume auto: training starts over",
+                    restarts)
+    if args.resume != "auto" or args.mode != "symbolic":
+        return checkpoints.find_resume_point(args)
+    found = epoch_saves.latest_epoch_save(epoch_saves.prefix(args.save_dir, task.name,
+                                                             args.model))
+    if found is not None:
+        args.resume_epoch, paths = found
+        args.resume_params, args.resume_states = paths["params"], paths["states"]
+    return None
 
 
 def finish_queued_work_at_exit():
@@ -100,7 +126,9 @@ def train(task, args):
     batch = args.batch_size * max(1, args.num_gpus)
     total = task.training_size(args)
     steps = data.steps_per_epoch(total, num_workers, batch)
-    global_schedule, local_schedule = make_schedules(args, steps, num_workers)
+    found = resume_point(task, args)
+    offset_epochs = found.extra.get("schedule_offset_epochs", 0) if found else args.resume_epoch
+    global_schedule, local_schedule = make_schedules(args, steps, num_workers, offset_epochs)
 
     kv = store.create_store(args, local_schedule)
     rank = kv.rank
@@ -116,6 +144,10 @@ def train(task, args):
     LOG.info("%d training samples, %d workers, %d per worker and step: %d steps per epoch on "
              "every worker (the smallest shard's full batches)", total, num_workers, batch,
              steps)
+    if args.resume == "auto" and args.mode == "symbolic":
+        LOG.info("--resume auto (symbolic: at epoch boundaries): %s", "epoch %d's save in %s"
+                 % (args.resume_epoch, args.save_dir) if args.resume_params else
+                 "no whole epoch save in %s; training starts at epoch 0" % args.save_dir)
 
     train_iter, val_iter = task.make_iterators(args, rank, num_workers, batch, rank == 0)
     iters = schedule.iterations_per_epoch(steps, num_workers, args.kvstore)
@@ -123,9 +155,11 @@ def train(task, args):
               batch_per_worker=batch, steps=steps, schedule=global_schedule,
               iterations=lambda s: s * iters // steps,
               train_iter=data.resized_to(train_iter, steps), val_iter=val_iter,
-              net=build_net(task, args, ctx_list), make_net=lambda: task.make_net(args),
+              net=build_net(task, args, ctx_list, train_iter.provide_data[0].shape),
+              make_net=lambda: task.make_net(args),
               initializer=task.initializer(args),
-              num_classes=task.num_classes(args),
+              num_classes=task.num_classes(args), task_name=task.name,
+              resume_point=found, schedule_offset_epochs=offset_epochs,
               prefix=epoch_saves.prefix(args.save_dir, task.name, args.model))
     history = (imperative.fit if args.mode == "imperative" else symbolic.fit)(run)
     results = {"task": task.name, "model": args.model, "mode": args.mode,

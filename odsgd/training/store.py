@@ -67,7 +67,8 @@ def can_save_states(kv):
 
 def load_global_weights(trainer_or_module, kv):
     """Puts the servers' newest weights into the parameters of a gluon.Trainer or a Module
-    (before evaluating or saving). dist_odsgd: odsgd.load_global_weights (the worker's weights
+    (before evaluating or saving; the training scripts read W with global_weights instead,
+    which leaves the trained arrays alone). dist_odsgd: odsgd.load_global_weights (the worker's weights
     are one local step ahead); dist_sync/dist_async: a pull of every trained parameter; local
     stores: nothing to do."""
     if kv is None or not kv.type.startswith("dist"):
@@ -85,3 +86,44 @@ def load_global_weights(trainer_or_module, kv):
             kv.pull(name, out=arrays)
         trainer_or_module._params_dirty = True
     mx.nd.waitall()
+
+
+def global_weights(trainer, kv):
+    """{parameter name: a CPU copy of its global weights W}, for every parameter of a
+    gluon.Trainer, read without touching the trained arrays: the trained parameters of a dist
+    store are pulled from the servers into new arrays (under dist_odsgd the worker's own
+    arrays hold w_t, one local step off W; under dist_async W moves on without this worker),
+    the others (local stores, BatchNorm's running statistics) are copied from this worker's.
+
+    Why not load_global_weights: it moves this worker's arrays to W, and under dist_odsgd
+    (and dist_async) the next gradient is then taken at W instead of w_t: a run that
+    evaluates between epochs would differ from one resumed past the evaluation."""
+    copies, pulled = {}, []
+    distributed = kv is not None and kv.type.startswith("dist")
+    # trainer._params: the Trainer's parameters in sorted-name order, whose index is their key
+    # in the store (gluon/trainer.py in MXNet 1.9.1)
+    for index, param in enumerate(trainer._params):
+        source = param.list_data()[0]
+        copies[param.name] = mx.nd.empty(source.shape, ctx=mx.cpu(), dtype=source.dtype)
+        if distributed and param.grad_req != "null":
+            pulled.append((index, copies[param.name]))
+        else:
+            source.copyto(copies[param.name])
+    if pulled:
+        kv.pull([index for index, _ in pulled], out=[array for _, array in pulled])
+    mx.nd.waitall()
+    return copies
+
+
+def global_module_params(module, kv):
+    """(arg_params, aux_params) of a Module with the global weights W: copies of its own,
+    the trained ones of a dist store pulled from the servers into them (see global_weights)."""
+    arg_params, aux_params = module.get_params()
+    arg_params = {name: array.copy() for name, array in arg_params.items()}
+    aux_params = {name: array.copy() for name, array in aux_params.items()}
+    if kv is not None and kv.type.startswith("dist"):
+        names = [name for name in module._exec_group.param_names if name in arg_params]
+        if names:
+            kv.pull(names, out=[arg_params[name] for name in names])
+    mx.nd.waitall()
+    return arg_params, aux_params
