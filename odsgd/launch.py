@@ -26,6 +26,10 @@ module changes, in this process only:
   non-zero, naming the process that failed and printing its last lines.
 * On Linux each child also gets SIGKILL when the launcher itself dies (even by SIGKILL), so a
   killed launcher leaves no job behind on this machine.
+* `--max-restarts N` starts the whole job again after a failure (odsgd/restarts.py: each
+  attempt is a child `python -m odsgd.launch` without the restart options, which reports how
+  it ended); every process gets ODSGD_RESTART_COUNT (0 for the first attempt) and, with
+  `--checkpoint-dir DIR`, ODSGD_CHECKPOINT_DIR.
 * launch.py's `--env-server NAME:VALUE` and `--env-worker NAME:VALUE` set NAME for the servers
   or the workers only (not the scheduler), over this machine's value, with the local and ssh
   launchers. MXNet 1.9's launch.py hands them to dmlc_tracker, whose parser does not know
@@ -67,6 +71,7 @@ import time
 import warnings
 
 from . import config   # imports nothing of MXNet
+from . import restarts   # neither
 from .ps_scheduler import mxnet_package_file   # neither
 
 LOG = logging.getLogger("odsgd.launch")
@@ -404,7 +409,12 @@ class _TrackedPopen(subprocess.Popen):
 
 
 class JobFailed(RuntimeError):
-    pass
+    """The job ends: str() says why; `cause` is one of odsgd.restarts' causes ('process' where
+    a process of the job failed, whose exit tells the cause)."""
+
+    def __init__(self, text, cause="process"):
+        super(JobFailed, self).__init__(text)
+        self.cause = cause
 
 
 def _wait_for_scheduler(deadline, link_watch=None):
@@ -418,12 +428,12 @@ def _wait_for_scheduler(deadline, link_watch=None):
                 raise JobFailed(JOB.failure)
             lost = link_watch.lost() if link_watch is not None else None
             if lost is not None:
-                raise JobFailed(lost)
+                raise JobFailed(lost, "link-lost")
             if deadline is not None and time.time() > deadline:
-                raise JobFailed("the job ran past --job-timeout")
+                raise JobFailed("the job ran past --job-timeout", "timeout")
             stranded = JOB.workers_gone(JOB.exit_wait)
             if stranded is not None:
-                raise JobFailed(stranded)
+                raise JobFailed(stranded, "stalled")
             tracker.thread.join(0.2)
         if JOB.failure is not None:
             raise JobFailed(JOB.failure)
@@ -604,7 +614,7 @@ def _mend_dmlc_tracker(launcher, deadline, hostfile=None, role_env=None):
 #: launch.py's options that take a value (and ours); --p3 takes none.
 _VALUE_OPTIONS = {"-n", "--num-workers", "-s", "--num-servers", "-H", "--hostfile",
                   "--sync-dst-dir", "--launcher", "--env-server", "--env-worker", "--env",
-                  "--job-timeout"}
+                  "--job-timeout", "--max-restarts", "--restart-on", "--checkpoint-dir"}
 
 
 def split_command(argv):
@@ -627,7 +637,7 @@ def parse_own_options(argv):
     options, command = split_command(argv)
     # No abbreviations: `--env` (launch.py's) would be an ambiguous prefix of --env-server.
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--job-timeout", type=float, default=None)
+    _add_job_timeout(parser)
     parser.add_argument("--launcher", default="ssh")
     parser.add_argument("-H", "--hostfile", default=None)
     parser.add_argument("--env-server", action="append", default=[])
@@ -687,15 +697,59 @@ def _keep_ctrl_c(install):
     return signal_for_launch_py
 
 
+def own_options_help():
+    """The help of odsgd.launch's own options (launch.py's follow them in --help)."""
+    parser = argparse.ArgumentParser(prog="odsgd.launch", usage=argparse.SUPPRESS,
+                                     add_help=False)
+    group = parser.add_argument_group("Own options")
+    _add_job_timeout(group)
+    restarts.add_options(group)
+    return parser.format_help().strip()
+
+
+def _add_job_timeout(parser):
+    parser.add_argument("--job-timeout", type=float, default=None, metavar="SECONDS",
+                        help="end the whole job after this long (each attempt, with "
+                        "--max-restarts)")
+
+
+def parse_restart_options(argv):
+    """(odsgd.restarts.Settings, `argv` less --max-restarts, --restart-on and
+    --checkpoint-dir), which are this launcher's and come before the training command."""
+    options, command = split_command(argv)
+    parser = argparse.ArgumentParser(prog="odsgd.launch", add_help=False, allow_abbrev=False)
+    restarts.add_options(parser)
+    parsed, rest = parser.parse_known_args(options)
+    settings = restarts.Settings(parsed.max_restarts, parsed.restart_on, parsed.checkpoint_dir)
+    return settings, rest + command
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
-        print("\nOwn option: --job-timeout SECONDS  end the whole job after this long.\n"
-              "ODSGD_EXIT_WAIT=SECONDS (default %g): how long the processes get to end by "
-              "themselves once the scheduler finished (docs/env.md).\n"
-              "launch.py's options follow:\n" % config.DEFAULT_EXIT_WAIT)
+        print("\n%s\n\nODSGD_EXIT_WAIT=SECONDS (default %g): how long the processes get to "
+              "end by themselves once the scheduler finished (docs/env.md).\n"
+              "launch.py's options follow:\n" % (own_options_help(), config.DEFAULT_EXIT_WAIT))
         argv = ["--launcher", "local", "--help"]   # launch.py's own help; starts nothing
+    settings, argv = parse_restart_options(argv)
+    if settings.max_restarts > 0:
+        # each attempt is a child `python -m odsgd.launch` that ends up below
+        return restarts.run(argv, settings)
+    if settings.checkpoint_dir is not None:
+        os.environ[restarts.CHECKPOINT_DIR_VARIABLE] = os.path.abspath(settings.checkpoint_dir)
+    os.environ.setdefault(restarts.RESTART_COUNT_VARIABLE, "0")
+    # popped: the report is this launcher's to write, not its processes'
+    report_path = os.environ.pop(restarts.REPORT_VARIABLE, None)
+    outcome = run_job(argv)
+    if report_path:
+        restarts.write_report(report_path, outcome)
+    return outcome.code
+
+
+def run_job(argv):
+    """Runs one job through MXNet's launch.py (odsgd.launch's options, no restart options);
+    returns how it ended, an odsgd.restarts.Outcome."""
     own, launcher, rest = parse_own_options(argv)
     try:
         JOB.exit_wait = config.exit_wait_seconds()
@@ -708,13 +762,12 @@ def main(argv=None):
     _mend_dmlc_tracker(launcher, deadline, own.hostfile, own.role_env)
 
     def on_signal(signum, _frame):
-        raise JobFailed("the launcher received signal %d" % signum)
+        raise JobFailed("the launcher received signal %d" % signum, "interrupted")
     signal.signal(signal.SIGTERM, on_signal)
 
     script = mxnet_launch_script()
     sys.argv = [script] + rest
-    code = 0
-    reason = None
+    code, reason, cause = 0, None, "finished"
     install_signal_handler = signal.signal
     try:
         signal.signal = _keep_ctrl_c(install_signal_handler)
@@ -724,21 +777,28 @@ def main(argv=None):
         wait = JOB.exit_wait if deadline is None else min(JOB.exit_wait, deadline - time.time())
         if not JOB.wait_for_exit(max(wait, 0.0)) and JOB.failure is None:
             raise JobFailed("%s still running %.0f s after the scheduler finished"
-                            % (", ".join(r.label for r in JOB.running()), wait))
+                            % (", ".join(r.label for r in JOB.running()), wait), "stalled")
     except JobFailed as failure:
-        reason = str(failure)
-        code = 1
+        code, reason, cause = 1, str(failure), failure.cause
     except KeyboardInterrupt:
-        reason = "interrupted"
-        code = 130
+        code, reason, cause = 130, "interrupted", "interrupted"
     except SystemExit as stop:  # launch.py's own Ctrl-C handler exits 0: still end the job
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        cause = "finished" if code == 0 else "launcher-error"
     finally:
         signal.signal = install_signal_handler
         ended = JOB.end_all()
     if code == 0 and JOB.failure is not None:
-        reason = JOB.failure
-        code = 1
+        code, reason, cause = 1, JOB.failure, "process"
+    if cause == "process":
+        record = JOB.failures[0][0]
+        cause = restarts.exit_cause(record.process.returncode, record.host is not None)
+    _report_end(reason, ended)
+    return restarts.Outcome(code, reason, cause)
+
+
+def _report_end(reason, ended):
+    """Logs why the job ended (when it failed) and what had to be ended."""
     if reason is not None:
         JOB.report_failures()
         took = (" %.1f s after the failure" % (time.time() - JOB.failed_at)
@@ -747,7 +807,6 @@ def main(argv=None):
                   "ended %s" % ", ".join(ended) if ended else "no other process was left")
     else:
         JOB.wait_for_output()
-    return code
 
 
 def exit_now(code):

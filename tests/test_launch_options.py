@@ -111,18 +111,83 @@ def test_local_launcher_gives_each_role_its_values(tmp_path):
     assert read_records(tmp_path) == EXPECTED_BY_ROLE
 
 
-def test_the_launcher_imports_no_mxnet():
-    """`python -m odsgd.launch` only starts processes: importing MXNet there (the package's
-    __init__ does in a training process) added about 2 s of one core to every job's start."""
-    run = subprocess.run([sys.executable, "-X", "importtime", "-m", "odsgd.launch", "--help"],
-                         capture_output=True, text=True, timeout=60)
+#: sitecustomize.py that takes sys.orig_argv away, as Python 3.8 and 3.9 have none
+WITHOUT_ORIG_ARGV = "import sys\ndel sys.orig_argv\nprint('orig_argv removed', file=sys.stderr)\n"
+
+
+@pytest.mark.parametrize("how", ["python -m", "console script", "python -m, no orig_argv"])
+def test_the_launcher_imports_no_mxnet(how, tmp_path):
+    """`python -m odsgd.launch` and the `odsgd-launch` console command only start processes:
+    importing MXNet there (the package's __init__ does in a training process) added about
+    2 s of one core to every job's start. Where sys.orig_argv is missing (Python < 3.10) the
+    package reads the command line from /proc/self/cmdline."""
+    env = dict(os.environ)
+    if how == "console script":
+        script = os.path.join(os.path.dirname(sys.executable), "odsgd-launch")
+        assert os.path.isfile(script), ("no %s: `pip install -e .` (make install) makes it"
+                                        % script)
+        command = [sys.executable, "-X", "importtime", script, "--help"]
+    else:
+        command = [sys.executable, "-X", "importtime", "-m", "odsgd.launch", "--help"]
+    if how.endswith("no orig_argv"):
+        (tmp_path / "sitecustomize.py").write_text(WITHOUT_ORIG_ARGV)
+        env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), REPO, env.get("PYTHONPATH", "")])
+    run = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env,
+                         cwd=REPO)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "Own option: --job-timeout" in run.stdout
+    assert ("orig_argv removed" in run.stderr) == how.endswith("no orig_argv")
+    assert "Own options:" in run.stdout
+    for option in ("--job-timeout SECONDS", "--max-restarts N", "--restart-on {any,failure}",
+                   "--checkpoint-dir DIR"):
+        assert option in run.stdout, option
     assert "--launcher" in run.stdout                        # launch.py's own help follows
     imported = [line.split("|")[-1].strip() for line in run.stderr.splitlines()
                 if line.startswith("import time:")]
     assert "odsgd" in imported and "odsgd.config" in imported     # the package is imported
+    assert "odsgd.restarts" in imported
     assert not [name for name in imported if name.split(".")[0] == "mxnet"]
+
+
+def test_the_package_tells_the_launcher_by_its_command_line(monkeypatch):
+    """What the package's __init__ reads to leave MXNet out: the module `python -m` runs,
+    through any interpreter options, or the console script's name."""
+    import odsgd
+    monkeypatch.setattr(sys, "argv", ["-m"])
+    for argv, module in ((["-m", "odsgd.launch", "-n", "2"], "odsgd.launch"),
+                         (["-X", "importtime", "-um", "odsgd.launch"], "odsgd.launch"),
+                         (["-Wignore", "-modsgd.launch"], "odsgd.launch"),
+                         (["--check-hash-based-pycs", "always", "-m", "x"], "x"),
+                         (["-c", "import odsgd", "-m", "odsgd.launch"], None),
+                         (["train.py", "-m", "odsgd.launch"], None)):
+        monkeypatch.setattr(sys, "orig_argv", ["python"] + argv, raising=False)
+        assert odsgd._module_run_by_interpreter() == module, argv
+        assert odsgd._launcher_process() == (module == "odsgd.launch"), argv
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "odsgd.bench"], raising=False)
+    assert not odsgd._launcher_process()
+    for script in ("/usr/bin/odsgd-launch", "odsgd-launch-script.py", "odsgd-launch.exe"):
+        monkeypatch.setattr(sys, "argv", [script, "--help"])
+        assert odsgd._launcher_process(), script
+    monkeypatch.setattr(sys, "argv", ["/usr/bin/odsgd-bench"])
+    assert not odsgd._launcher_process()
+
+
+@pytest.mark.parametrize("how", ["python -m", "console script"])
+def test_bench_lists_its_subcommands(how):
+    """--help: one line per subcommand, exit 0; no subcommand or an unknown one: the same
+    list on stderr and a non-zero exit."""
+    from odsgd.bench import SUBCOMMANDS
+    command = ([sys.executable, "-m", "odsgd.bench"] if how == "python -m" else
+               [os.path.join(os.path.dirname(sys.executable), "odsgd-bench")])
+    runs = {args: subprocess.run(command + list(args), capture_output=True, text=True,
+                                 timeout=60, cwd=REPO)
+            for args in (("--help",), ("-h",), (), ("fast",))}
+    for args, run in runs.items():
+        listed = run.stdout if args[:1] in (("--help",), ("-h",)) else run.stderr
+        assert (run.returncode == 0) == (args[:1] in (("--help",), ("-h",))), (args, run)
+        lines = [line.split() for line in listed.splitlines() if line.startswith("  ")]
+        assert [words[0] for words in lines] == list(SUBCOMMANDS), listed
+        assert all(len(words) > 1 for words in lines), listed   # each with its summary
+    assert "unknown subcommand 'fast'" in runs[("fast",)].stderr
 
 
 def test_exit_wait_is_read_once_for_the_whole_job():

@@ -7,23 +7,48 @@ import signal
 import sys
 
 SUBCOMMANDS = {
-    "throughput": "odsgd.bench.throughput",    # SSGD vs ASGD vs OD-SGD on a shaped network
-    "convergence": "odsgd.bench.convergence",  # accuracy per mode and seed
-    "time-to-accuracy": "odsgd.bench.time_to_accuracy",  # accuracy against time, real images
-    "timeline": "odsgd.bench.timeline",        # a few steps per worker, per mode, drawn
-    "plan": "odsgd.bench.plan",                # the step model's predictions; runs no job
-    "rounds": "odsgd.bench.rounds",            # answers' spread across workers, from timelines
-    "faults": "odsgd.bench.faults",            # the fault sweep of docs/reliability.md
-    "goodput": "odsgd.bench.goodput",          # TCP payload through a shaped emulated NIC
-    "replan": "odsgd.bench.replan",            # recorded runs' predictions, model changed
+    "throughput": "odsgd.bench.throughput",
+    "convergence": "odsgd.bench.convergence",
+    "time-to-accuracy": "odsgd.bench.time_to_accuracy",
+    "timeline": "odsgd.bench.timeline",
+    "plan": "odsgd.bench.plan",
+    "rounds": "odsgd.bench.rounds",
+    "faults": "odsgd.bench.faults",
+    "goodput": "odsgd.bench.goodput",
+    "replan": "odsgd.bench.replan",
 }
+#: one line per subcommand for --help (importing the modules for their docstrings would
+#: import MXNet)
+SUMMARIES = {
+    "throughput": "SSGD vs ASGD vs OD-SGD on a shaped network",
+    "convergence": "accuracy per mode and seed",
+    "time-to-accuracy": "accuracy against time, real images",
+    "timeline": "a few steps per worker, per mode, drawn",
+    "plan": "the step model's predictions; runs no job",
+    "rounds": "answers' spread across workers, from timelines",
+    "faults": "the fault sweep of docs/reliability.md",
+    "goodput": "TCP payload through a shaped emulated NIC",
+    "replan": "recorded runs' predictions, model changed",
+}
+
+
+def usage():
+    """The list of subcommands, one line each."""
+    width = max(len(name) for name in SUBCOMMANDS)
+    return "\n".join(["usage: python -m odsgd.bench SUBCOMMAND [options]   (or odsgd-bench; "
+                      "SUBCOMMAND --help for its options)", "", "subcommands:"] +
+                     ["  %-*s  %s" % (width, name, SUMMARIES[name]) for name in SUBCOMMANDS])
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] in (["-h"], ["--help"]):
+        print(usage())
+        return 0
     if not argv or argv[0] not in SUBCOMMANDS:
-        print("usage: python -m odsgd.bench {%s} [options]   (--help for each)"
-              % ",".join(SUBCOMMANDS), file=sys.stderr)
+        print(usage(), file=sys.stderr)
+        print("\nodsgd.bench: %s" % ("give a subcommand" if not argv else
+                                     "unknown subcommand %r" % argv[0]), file=sys.stderr)
         return 2
     # SIGTERM ends a benchmark as Ctrl-C does: the running job is ended with it (run_job's
     # handler), instead of the benchmark dying alone and leaving its job behind.
