@@ -6,6 +6,7 @@ Constructor arguments win over the environment; the environment wins over the de
 Every environment variable is listed in docs/env.md.
 """
 import copy
+import logging
 import math
 import os
 
@@ -161,13 +162,20 @@ class ODSGDConfig(object):
     def compensation_for(self, optimizer_name):
         """(lam, compensation_mode) of the local step with global optimizer `optimizer_name`
         (lowercase class name; None: no per-optimizer default): the given settings, or, where
-        lam was not given, DEFAULT_COMPENSATION's entry for that optimizer with the mode given
-        or its own."""
+        lam was not given, DEFAULT_COMPENSATION's entry for that optimizer. A default lam
+        belongs to the mode it was measured in: with another mode given and no lam, the
+        compensation is off (lam 0), said once in the log."""
         if self.where("compensation") != "default":
             return self.compensation, self.compensation_mode
         lam, mode = DEFAULT_COMPENSATION.get(optimizer_name, (0.0, self.compensation_mode))
-        if self.where("compensation_mode") != "default":
-            mode = self.compensation_mode
+        if self.where("compensation_mode") != "default" and self.compensation_mode != mode:
+            if lam:
+                logging.info("dist_odsgd: compensation_mode=%r given without a lam: the default "
+                             "lam=%g with global optimizer %s was measured in %r mode only, so "
+                             "the compensation is off; give ODSGD_COMPENSATION (or "
+                             "compensation=) for %r mode", self.compensation_mode, lam,
+                             optimizer_name, mode, self.compensation_mode)
+            return 0.0, self.compensation_mode
         return lam, mode
 
     def where(self, name):

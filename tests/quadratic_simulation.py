@@ -56,6 +56,8 @@ def simulate(workers, steps, lr, momentum=0.0, wd=0.0, rescale=1.0 / problem.BAT
     # to 'predict' with that global optimizer, as ODSGDConfig.compensation_for decides)
     lam, mode = DEFAULT_COMPENSATION.get(optimizer, (0.0, "constant")) \
         if local_optimizer == "predict" and compensation is None else (0.0, "constant")
+    if compensation is None and compensation_mode not in (None, mode):
+        lam = 0.0   # a default lam belongs to the mode it was measured in
     compensation = lam if compensation is None else compensation
     compensation_mode = compensation_mode or mode
     W = [a.copy() for a in (initial or problem.initial_weights())]
