@@ -129,6 +129,12 @@ def _add_run_flags(group):
                        help="checkpoints and the log file (default: $ODSGD_CHECKPOINT_DIR, "
                        "which `python -m odsgd.launch --checkpoint-dir DIR` sets, else %s)"
                        % DEFAULT_SAVE_DIR)
+    _add_checkpoint_flags(group)
+    group.add_argument("--json", default=None,
+                       help="rank 0 writes the per-epoch results here as JSON")
+
+
+def _add_checkpoint_flags(group):
     group.add_argument("--save-frequency", type=int, default=10,
                        help="epochs between epoch saves (the last epoch is always saved; "
                        "0: only the last): PREFIX-EEEE.params, the global weights, and, in "
@@ -167,8 +173,6 @@ def _add_run_flags(group):
     group.add_argument("--resume-epoch", type=int, default=0,
                        help="epochs already done: training goes on with the next one and "
                        "the schedule continues from there")
-    group.add_argument("--json", default=None,
-                       help="rank 0 writes the per-epoch results here as JSON")
 
 
 def check_arguments(args):
@@ -229,10 +233,14 @@ def check_checkpoint_flags(args):
                         ("--stop-after-steps", args.stop_after_steps)):
         if value < 0:
             raise ValueError("%s must be >= 0 (0: off), got %d" % (flag, value))
-    if args.save_every_steps and args.mode == "symbolic":
-        raise ValueError("--save-every-steps needs --mode imperative (or hybrid): Module.fit "
-                         "(--mode symbolic) gives no point between its steps to save at, so "
-                         "it saves and resumes at epoch ends only (--save-frequency)")
+    mid_epoch = [flag for flag, value in (("--save-every-steps", args.save_every_steps),
+                                          ("--stop-after-steps", args.stop_after_steps))
+                 if value]
+    if mid_epoch and args.mode == "symbolic":
+        raise ValueError("%s needs --mode imperative (or hybrid): Module.fit (--mode "
+                         "symbolic) gives no point between its steps to save or stop at, so "
+                         "it saves and resumes at epoch ends only (--save-frequency)"
+                         % " and ".join(mid_epoch))
     if args.save_every_steps and getattr(args, "use_rec", False):
         raise ValueError("--save-every-steps cannot be used with --use-rec: MXNet's "
                          "ImageRecordIter cannot start mid-epoch, so a mid-epoch checkpoint "

@@ -106,6 +106,19 @@ def resume_point(task, args):
     return None
 
 
+def log_start(task, args, kv, ctx_list, sizes):
+    """The run's first log lines: flags, store, data sizes (total, workers, batch, steps),
+    and in symbolic mode where --resume auto starts."""
+    LOG.info("%s: %s", task.name, vars(args))
+    LOG.info("%s; contexts %s", store.describe(kv), ctx_list)
+    LOG.info("%d training samples, %d workers, %d per worker and step: %d steps per epoch on "
+             "every worker (the smallest shard's full batches)", *sizes)
+    if args.resume == "auto" and args.mode == "symbolic":
+        LOG.info("--resume auto (symbolic: at epoch boundaries): %s", "epoch %d's save in %s"
+                 % (args.resume_epoch, args.save_dir) if args.resume_params else
+                 "no whole epoch save in %s; training starts at epoch 0" % args.save_dir)
+
+
 def finish_queued_work_at_exit():
     """Registers mx.nd.waitall() to run at interpreter exit after the store's own exit
     handlers and before MXNet's engine shutdown (atexit runs the newest first: MXNet's was
@@ -139,15 +152,7 @@ def train(task, args):
         args.num_gpus, rank * args.num_gpus if args.offset_gpus_by_rank else 0)
     log_file = logs.setup_logging(rank, args.logging_file or os.path.join(
         args.save_dir, "train_%s.log" % task.name))
-    LOG.info("%s: %s", task.name, vars(args))
-    LOG.info("%s; contexts %s", store.describe(kv), ctx_list)
-    LOG.info("%d training samples, %d workers, %d per worker and step: %d steps per epoch on "
-             "every worker (the smallest shard's full batches)", total, num_workers, batch,
-             steps)
-    if args.resume == "auto" and args.mode == "symbolic":
-        LOG.info("--resume auto (symbolic: at epoch boundaries): %s", "epoch %d's save in %s"
-                 % (args.resume_epoch, args.save_dir) if args.resume_params else
-                 "no whole epoch save in %s; training starts at epoch 0" % args.save_dir)
+    log_start(task, args, kv, ctx_list, (total, num_workers, batch, steps))
 
     train_iter, val_iter = task.make_iterators(args, rank, num_workers, batch, rank == 0)
     iters = schedule.iterations_per_epoch(steps, num_workers, args.kvstore)

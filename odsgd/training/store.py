@@ -68,9 +68,9 @@ def can_save_states(kv):
 def load_global_weights(trainer_or_module, kv):
     """Puts the servers' newest weights into the parameters of a gluon.Trainer or a Module
     (before evaluating or saving; the training scripts read W with global_weights instead,
-    which leaves the trained arrays alone). dist_odsgd: odsgd.load_global_weights (the worker's weights
-    are one local step ahead); dist_sync/dist_async: a pull of every trained parameter; local
-    stores: nothing to do."""
+    which leaves the trained arrays alone). dist_odsgd: odsgd.load_global_weights (the
+    worker's weights are one local step ahead); dist_sync/dist_async: a pull of every trained
+    parameter; local stores: nothing to do."""
     if kv is None or not kv.type.startswith("dist"):
         return
     if isinstance(kv, odsgd.DistODSGD):

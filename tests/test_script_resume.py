@@ -1,0 +1,322 @@
+"""Exact resume in the training scripts (odsgd/training/checkpoints.py): the seeded data gives
+the same batches from step k on whether an iterator started at 0 or at k, mid-epoch too; the
+flags refuse what cannot resume; and real 2-worker jobs, run uninterrupted and run to a
+mid-epoch checkpoint, stopped and resumed with --resume auto, end with every worker's own
+weights w^i and the global weights W equal bit for bit."""
+import json
+import os
+import subprocess
+import sys
+import types
+
+import mxnet as mx
+import numpy as np
+import pytest
+from scipy import stats
+
+from cluster import REPO, run_job
+from odsgd import checkpoint_index
+from odsgd.training import checkpoints, data, epoch_saves, imperative, options
+from test_imagenet_recipe import load_script, write_image_folder
+from test_training_scripts import read_results, script, write_tiny_imagenet
+
+train_imagenet = load_script()
+
+
+# -- the seeded iterators ------------------------------------------------------------------
+def batches_of(train_iter, epochs, start_epoch=0, skip=0):
+    """[(epoch, data, label)] of every batch from batch `skip` of `start_epoch` on."""
+    seen = []
+    for epoch in range(start_epoch, epochs):
+        train_iter.start_epoch(epoch, skip if epoch == start_epoch else 0)
+        seen += [(epoch, b.data[0].asnumpy(), b.label[0].asnumpy()) for b in train_iter]
+    return seen
+
+
+def assert_same_batches(got, expected):
+    assert len(got) == len(expected)
+    for (epoch, x, y), (epoch_expected, x_expected, y_expected) in zip(got, expected):
+        assert epoch == epoch_expected
+        np.testing.assert_array_equal(x, x_expected)
+        np.testing.assert_array_equal(y, y_expected)
+
+
+def cifar_like_iter(rank, seed=3, steps=6):
+    """ArrayIter over 26 uint8 images with CIFAR's pad-crop-flip, 6 batches of 4 an epoch."""
+    X = np.random.RandomState(0).randint(0, 256, (26, 3, 8, 8)).astype(np.uint8)
+    transform = data.pad_crop_flip(data.normalize(data.CIFAR_MEAN, data.CIFAR_STD, 1 / 255.0),
+                                   pad=2)
+    return data.resized_to(data.ArrayIter(X, np.arange(26), 4, transform, seed=seed,
+                                          rank=rank), steps)
+
+
+@pytest.mark.parametrize("start_epoch, skip", [(1, 0), (1, 4), (0, 5), (2, 1)])
+def test_array_iter_replays_from_any_batch(start_epoch, skip):
+    """An iterator started at batch `skip` of `start_epoch` (a resumed run) gives the batches
+    the uninterrupted one gave from there: order and augmentation alike."""
+    uninterrupted = batches_of(cifar_like_iter(rank=1), 3)
+    assert len(uninterrupted) == 18
+    resumed = batches_of(cifar_like_iter(rank=1), 3, start_epoch, skip)
+    assert_same_batches(resumed, uninterrupted[6 * start_epoch + skip:])
+
+
+def test_array_iter_draws_differ_by_epoch_rank_and_seed():
+    """What the replay is not: a fixed order. Each epoch is a new permutation of the shard
+    (no sample twice in an epoch), each rank and seed draws its own, and the augmentation
+    moves the pixels (a batch differs from its samples plainly normalised)."""
+    epochs = batches_of(cifar_like_iter(rank=1), 2)
+    labels = [np.concatenate([y for e, _, y in epochs if e == epoch]) for epoch in (0, 1)]
+    for epoch_labels in labels:
+        assert len(set(epoch_labels.tolist())) == 24
+    assert labels[0].tolist() != labels[1].tolist()
+    for other in (cifar_like_iter(rank=0), cifar_like_iter(rank=1, seed=4)):
+        assert np.concatenate([y for _, _, y in batches_of(other, 1)]).tolist() != \
+            labels[0].tolist()
+    X = np.random.RandomState(0).randint(0, 256, (26, 3, 8, 8)).astype(np.uint8)
+    plain = data.normalize(data.CIFAR_MEAN, data.CIFAR_STD, 1 / 255.0)(
+        X[epochs[0][2].astype(int)], None)
+    assert not np.allclose(epochs[0][1], plain)
+
+
+def test_synthetic_iter_starts_anywhere():
+    synthetic = data.resized_to(data.SyntheticIter(4, (3, 8, 8), 10, 5, seed=2), 5)
+    full = batches_of(synthetic, 2)
+    assert_same_batches(batches_of(synthetic, 2, 1, 3), full[8:])
+
+
+@pytest.mark.parametrize("loaders", [0, 1])
+def test_image_folder_loader_replays_from_any_batch(tmp_path, monkeypatch, loaders):
+    """The image folder's LoaderIter (random resized crop, flip, colour jitter, lighting:
+    Python's, NumPy's and MXNet's generators), in the worker process or in a data-loading
+    process (-j 1): from batch 1 of epoch 1 it gives what it gave there uninterrupted."""
+    root = write_image_folder(tmp_path / "imagenet", per_class=(7, 1))
+    monkeypatch.setenv("DMLC_NUM_WORKER", "2")
+    args = train_imagenet.parse_args(["--data-dir", str(root), "--input-size", "16", "-j",
+                                      str(loaders)])
+
+    def fresh():
+        train, _ = data.imagenet_folder_iterators(args, 1, 2, 3, with_val=False)
+        return data.resized_to(train, 3)
+    uninterrupted = batches_of(fresh(), 2)
+    assert len(uninterrupted) == 6
+    assert_same_batches(batches_of(fresh(), 2, 1, 1), uninterrupted[4:])
+    # the augmentation draws anew each epoch: an image's crop differs between epochs
+    first = {float(y): x for _, xs, ys in uninterrupted[:3] for x, y in zip(xs, ys)}
+    second = {float(y): x for _, xs, ys in uninterrupted[3:] for x, y in zip(xs, ys)}
+    assert first.keys() == second.keys()
+    assert not all(np.array_equal(first[k], second[k]) for k in first)
+
+
+def test_rec_iter_replays_epochs_and_refuses_mid_epoch(tmp_path, monkeypatch):
+    """--use-rec: MXNet's ImageRecordIter, made anew each epoch with the epoch's seed, gives
+    epoch 1's batches whether epoch 0 ran before or not; it cannot start mid-epoch."""
+    paths = write_tiny_imagenet(tmp_path, train=37, val=2)
+    monkeypatch.setenv("DMLC_NUM_WORKER", "2")
+    args = train_imagenet.parse_args([
+        "--use-rec", "--rec-train", paths["train"][0], "--rec-train-idx", paths["train"][1],
+        "--rec-val", paths["val"][0], "--rec-val-idx", paths["val"][1], "--input-size", "16",
+        "-j", "1"])
+
+    def fresh():
+        train, _ = data.imagenet_iterators(args, 1, 2, 4, with_val=False)
+        return data.resized_to(train, 4)
+    uninterrupted = batches_of(fresh(), 2)
+    assert_same_batches(batches_of(fresh(), 2, 1), uninterrupted[4:])
+    assert not np.array_equal(uninterrupted[0][1], uninterrupted[4][1])
+    with pytest.raises(ValueError, match="can only start at an epoch's first batch"):
+        fresh().start_epoch(1, 2)
+
+
+def test_mixup_draws_are_beta_and_keyed_by_batch():
+    """lam of batch b of epoch e is a draw of Beta(alpha, alpha) that depends on (seed, rank,
+    e, b) alone: asked in any order, the same; 400 of them follow Beta(0.4, 0.4)."""
+    targets = imperative.Targets(10, num_epochs=50, mixup=True, mixup_alpha=0.4, seed=5,
+                                 rank=1)
+    keys = [(epoch, batch) for epoch in range(20) for batch in range(20)]
+    draws = {key: targets.mixup_lambda(*key) for key in keys}
+    again = imperative.Targets(10, num_epochs=50, mixup=True, mixup_alpha=0.4, seed=5, rank=1)
+    assert all(again.mixup_lambda(*key) == draws[key] for key in reversed(keys))
+    other_rank = imperative.Targets(10, num_epochs=50, mixup=True, mixup_alpha=0.4, seed=5,
+                                    rank=0)
+    assert other_rank.mixup_lambda(3, 4) != draws[3, 4]
+    assert stats.kstest(list(draws.values()), stats.beta(0.4, 0.4).cdf).pvalue > 0.01
+
+
+# -- the flags ----------------------------------------------------------------------------
+def parsed(argv, monkeypatch, environ=None):
+    monkeypatch.setenv("DMLC_NUM_WORKER", "2")
+    for name in ("ODSGD_CHECKPOINT_DIR", "ODSGD_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in (environ or {}).items():
+        monkeypatch.setenv(name, value)
+    return options.check_arguments(options.build_parser("t", model="m").parse_args(argv))
+
+
+def test_flags_refuse_what_cannot_resume(monkeypatch):
+    for argv, message in (
+            (["--mode", "symbolic", "--save-every-steps", "5"], "gives no point between"),
+            (["--mode", "symbolic", "--stop-after-steps", "5"], "--stop-after-steps needs"),
+            (["--resume", "auto", "--resume-epoch", "2"], "drop --resume-epoch"),
+            (["--resume", "auto", "--resume-params", "p"], "drop --resume-params"),
+            (["--save-every-steps", "-1"], "must be >= 0"),
+            (["--keep-checkpoints", "-2"], "must be >= 0")):
+        with pytest.raises(ValueError, match=message):
+            parsed(argv, monkeypatch)
+    args = options.build_parser("t", model="m").parse_args(["--save-every-steps", "5"])
+    args.use_rec = True
+    with pytest.raises(ValueError, match="ImageRecordIter cannot start mid-epoch"):
+        options.check_arguments(args)
+
+
+def test_imagenet_script_refuses_steps_with_rec_and_says_why_in_help(tmp_path):
+    paths = write_tiny_imagenet(tmp_path, train=4, val=2)
+    out = subprocess.run(
+        [sys.executable, script("train_imagenet.py"), "--kvstore", "local", "--rec-train",
+         paths["train"][0], "--rec-train-idx", paths["train"][1], "--rec-val", paths["val"][0],
+         "--rec-val-idx", paths["val"][1], "--save-every-steps", "10"],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 2 and "ImageRecordIter cannot start mid-epoch" in out.stderr
+    helped = subprocess.run([sys.executable, script("train_imagenet.py"), "--help"],
+                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    text = " ".join(helped.stdout.split())
+    for said in ("--save-every-steps K", "ImageRecordIter cannot start mid-epoch",
+                 "--mode symbolic resume at epoch boundaries", "dist_async",
+                 "$ODSGD_CHECKPOINT_DIR", "--keep-checkpoints N", "for tests and drills"):
+        assert said in text, said
+
+
+def test_save_dir_from_the_launcher(monkeypatch):
+    """ODSGD_CHECKPOINT_DIR (odsgd.launch --checkpoint-dir) is the save dir unless
+    --save-dir is given."""
+    assert parsed([], monkeypatch).save_dir == options.DEFAULT_SAVE_DIR
+    launched = {"ODSGD_CHECKPOINT_DIR": "/shared/ckpt"}
+    assert parsed([], monkeypatch, launched).save_dir == "/shared/ckpt"
+    assert parsed(["--save-dir", "mine"], monkeypatch, launched).save_dir == "mine"
+
+
+def test_resume_refuses_a_checkpoint_of_another_run():
+    run = types.SimpleNamespace(task_name="mnist", num_workers=2, batch_per_worker=32,
+                                steps=22, args=types.SimpleNamespace(
+                                    model="mlp", mode="imperative", seed=0, save_dir="ckpt"))
+    extra = checkpoints.run_fields(run)
+    found = checkpoint_index.Checkpoint("ckpt/mnist-mlp-step000000005", 5, "dist_odsgd", 2,
+                                        dict(extra, batch_per_worker=64), "m")
+    with pytest.raises(ValueError, match="batch_per_worker 64 \\(this run: 32\\)"):
+        checkpoints.check_same_run(found, run)
+    checkpoints.check_same_run(found._replace(extra=extra), run)   # the same run: no error
+    # after an epoch's last batch, the next epoch's start
+    saving = _with(run, schedule_offset_epochs=0, args=_with(run.args, kvstore="dist_odsgd"))
+    after = checkpoints.position_extra(saving, 0, 22, [])
+    assert (after["epoch"], after["batch"], after["global_step"]) == (1, 0, 22)
+
+
+def _with(namespace, **fields):
+    return types.SimpleNamespace(**dict(vars(namespace), **fields))
+
+
+# -- real jobs ----------------------------------------------------------------------------
+def load_arrays(path):
+    return {name: array.asnumpy() for name, array in mx.nd.load(str(path)).items()}
+
+
+def assert_bitwise_equal(path, reference):
+    got, expected = load_arrays(path), load_arrays(reference)
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        assert got[name].tobytes() == expected[name].tobytes(), (path, name)
+
+
+def final_files(folder, name, step, epochs):
+    """Every worker's own weights of the final checkpoint and rank 0's global weights."""
+    prefix = checkpoint_index.step_prefix(str(folder), name, step)
+    return ["%s-worker%d.params" % (prefix, rank) for rank in range(2)] + \
+        [epoch_saves.params_path(os.path.join(str(folder), name), epochs)]
+
+
+def run_interrupted(script_name, flags, save, stop, keep=2):
+    """Runs the job to global step `stop` (--stop-after-steps), keeping `keep` checkpoints;
+    returns the steps of the whole checkpoints left."""
+    run_job(script(script_name), flags + ["--save-dir", save, "--stop-after-steps", stop,
+                                          "--keep-checkpoints", keep], timeout=150)
+    return [c.step for c in checkpoint_index.whole_checkpoints(str(save))]
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("kvstore", ["dist_odsgd"])
+def test_mnist_resumed_mid_epoch_equals_uninterrupted(tmp_path, kvstore):
+    """train_mnist.py --digits, 2 workers, 2 epochs of 22 steps, a checkpoint every 5 steps
+    (5 does not divide 22). Uninterrupted; and stopped after step 25 (keeping 2 checkpoints),
+    the newest checkpoint's marker removed (a save cut short), resumed with --resume auto from
+    step 20 (mid-epoch 0, the epoch's end and evaluation still ahead): the final checkpoint's
+    w^0, w^1 and W are the uninterrupted run's, bit for bit, and so is the history."""
+    flags = ["--digits", "--model", "mlp", "--batch-size", 32, "--lr", 0.1, "--num-epochs", 2,
+             "--kvstore", kvstore, "--save-every-steps", 5, "--log-interval", 5]
+    if kvstore == "dist_odsgd":
+        flags += ["--warmup-steps", 10]
+    whole, broken = tmp_path / "uninterrupted", tmp_path / "resumed"
+    run_job(script("train_mnist.py"), flags + ["--save-dir", whole, "--json",
+                                               whole / "results.json"], timeout=150)
+    assert run_interrupted("train_mnist.py", flags, broken, stop=25) == [20, 25]
+    checkpoint_index.remove_marker(checkpoint_index.step_prefix(str(broken), "mnist-mlp", 25))
+    run_job(script("train_mnist.py"), flags + ["--save-dir", broken, "--resume", "auto",
+                                               "--json", broken / "results.json"], timeout=150)
+    log = (broken / "train_mnist.log").read_text()
+    assert "resumed from %s (global step 20): epoch 0, batch 20 of 22" % \
+        checkpoint_index.step_prefix(str(broken), "mnist-mlp", 20) in log
+    for got, expected in zip(final_files(broken, "mnist-mlp", 44, 2),
+                             final_files(whole, "mnist-mlp", 44, 2)):
+        assert_bitwise_equal(got, expected)
+    resumed, uninterrupted = read_results(broken / "results.json"), \
+        read_results(whole / "results.json")
+    assert [h["val_top1"] for h in resumed["history"]] == \
+        [h["val_top1"] for h in uninterrupted["history"]]
+    assert uninterrupted["history"][-1]["val_top1"] > 0.8
+
+
+@pytest.mark.timeout(420)
+def test_cifar10_synthetic_resumed_equals_uninterrupted(tmp_path):
+    """train_cifar10.py --synthetic, ResNet-20 (BatchNorm's running statistics are each
+    worker's own), 2 workers x 8 of 64 samples: 4 steps an epoch, 2 epochs, a checkpoint every
+    3 steps; stopped after step 3 and resumed: w^0, w^1 and W at the end are the
+    uninterrupted run's, bit for bit."""
+    flags = ["--synthetic", "--num-training-samples", 64, "--model", "cifar_resnet20_v1",
+             "--batch-size", 8, "--num-epochs", 2, "--lr", 0.05, "--kvstore", "dist_odsgd",
+             "--warmup-steps", 2, "--save-every-steps", 3, "-j", 1]
+    whole, broken = tmp_path / "uninterrupted", tmp_path / "resumed"
+    run_job(script("train_cifar10.py"), flags + ["--save-dir", whole], timeout=200)
+    assert run_interrupted("train_cifar10.py", flags, broken, stop=3) == [3]
+    run_job(script("train_cifar10.py"), flags + ["--save-dir", broken, "--resume", "auto"],
+            timeout=200)
+    name = "cifar10-cifar_resnet20_v1"
+    assert "(global step 3): epoch 0, batch 3 of 4" in (broken / "train_cifar10.log").read_text()
+    for got, expected in zip(final_files(broken, name, 8, 2), final_files(whole, name, 8, 2)):
+        assert_bitwise_equal(got, expected)
+    running = [k for k in load_arrays(final_files(whole, name, 8, 2)[0]) if "running" in k]
+    assert running   # the comparison above covered BatchNorm's statistics
+
+
+def test_symbolic_resumes_at_the_newest_whole_epoch_save(tmp_path):
+    """--mode symbolic --resume auto (a local store, one process): resumes at the newest
+    epoch save whose marker is there, trains the epochs after it only, and starts fresh in an
+    empty folder."""
+    save = tmp_path / "params"
+    common = [sys.executable, script("train_mnist.py"), "--digits", "--mode", "symbolic",
+              "--kvstore", "local", "--batch-size", "64", "--save-frequency", "1",
+              "--save-dir", str(save)]
+
+    def train(*flags):
+        out = subprocess.run(common + [str(f) for f in flags], capture_output=True, text=True,
+                             timeout=150, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert out.returncode == 0, out.stderr[-3000:]
+    train("--num-epochs", 2, "--resume", "auto", "--json", save / "first.json")
+    assert [h["epoch"] for h in read_results(save / "first.json")["history"]] == [1, 2]
+    assert "no whole epoch save in %s; training starts at epoch 0" % save in \
+        (save / "train_mnist.log").read_text()
+    marker = epoch_saves.epoch_marker_path(str(save / "mnist-mlp"), 2)
+    with open(marker) as f:
+        assert json.load(f)["files"] == ["mnist-mlp-0002.params", "mnist-mlp-0002.states",
+                                         "mnist-mlp-symbol.json"]
+    os.unlink(marker)                       # epoch 2's save counts as cut short
+    train("--num-epochs", 3, "--resume", "auto", "--json", save / "resumed.json")
+    assert [h["epoch"] for h in read_results(save / "resumed.json")["history"]] == [2, 3]
+    assert "epoch 1's save in %s" % save in (save / "train_mnist.log").read_text()
