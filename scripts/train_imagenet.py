@@ -9,6 +9,16 @@ sharded by rank, with GluonCV's recipe flags.
         --model resnet50_v1b --mode hybrid --num-gpus 4 --batch-size 64 \\
         --last-gamma --no-wd --label-smoothing --kvstore dist_odsgd
 
+A job that survives failures: the launcher starts it again (up to --max-restarts times) and
+--resume auto goes on from the newest whole checkpoint in --checkpoint-dir (a folder every
+host shares); with --use-rec at epoch ends (--save-frequency 1), with the image folder also
+every --save-every-steps K steps:
+
+    python -m odsgd.launch -n 4 -s 4 -H hosts --launcher ssh \\
+        --max-restarts 3 --checkpoint-dir /shared/ckpt \\
+        python scripts/train_imagenet.py --use-rec ... --kvstore dist_odsgd \\
+        --save-frequency 1 --keep-checkpoints 3 --resume auto
+
 GluonCV's scripts/classification/imagenet/train_imagenet.py command lines run as they are,
 with --kvstore added. Data: --use-rec (or any --rec-* flag) reads the RecordIO files;
 otherwise --data-dir (GluonCV's default ~/.mxnet/datasets/imagenet) holds the train/ and val/

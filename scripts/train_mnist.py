@@ -5,6 +5,10 @@
     python -m odsgd.launch -n 2 -s 1 --launcher local \\
         python scripts/train_mnist.py --data-dir data/mnist --kvstore dist_odsgd
 
+With `--max-restarts N --checkpoint-dir DIR` before the command and `--save-every-steps K
+--resume auto` in it, a job that fails is started again and goes on from its newest whole
+checkpoint, as if uninterrupted.
+
 --data-dir holds train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and
 t10k-labels-idx1-ubyte (plain or .gz). Without them the script stops, unless --digits (real
 data, offline) or --synthetic is given.

@@ -5,6 +5,7 @@ mid-epoch checkpoint, stopped and resumed with --resume auto, end with every wor
 weights w^i and the global weights W equal bit for bit."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import types
@@ -241,14 +242,41 @@ def run_interrupted(script_name, flags, save, stop, keep=2):
     return [c.step for c in checkpoint_index.whole_checkpoints(str(save))]
 
 
-@pytest.mark.timeout(420)
+def launch_with_restarts(script_name, args, checkpoint_dir, timeout=200):
+    """Runs the script as a 2-worker job of `python -m odsgd.launch --max-restarts 1
+    --checkpoint-dir DIR` (as tests/cluster.py runs jobs: a deadline, and only the launcher's
+    process group ended); returns its output. The job must end with exit code 0."""
+    command = [sys.executable, "-m", "odsgd.launch", "--max-restarts", "1",
+               "--checkpoint-dir", str(checkpoint_dir), "--job-timeout", str(timeout),
+               "-n", "2", "-s", "1", "--launcher", "local", sys.executable,
+               script(script_name)] + [str(a) for a in args]
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env=env, cwd=REPO, start_new_session=True, text=True)
+    try:
+        output, _ = launcher.communicate(timeout=2 * timeout + 30)
+    except subprocess.TimeoutExpired:
+        launcher.send_signal(signal.SIGTERM)
+        try:
+            output, _ = launcher.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            output, _ = launcher.communicate()
+        raise AssertionError("the job timed out:\n" + output[-6000:])
+    assert launcher.returncode == 0, output[-6000:]
+    return output
+
+
+@pytest.mark.timeout(480)
 @pytest.mark.parametrize("kvstore", ["dist_odsgd"])
 def test_mnist_resumed_mid_epoch_equals_uninterrupted(tmp_path, kvstore):
     """train_mnist.py --digits, 2 workers, 2 epochs of 22 steps, a checkpoint every 5 steps
     (5 does not divide 22). Uninterrupted; and stopped after step 25 (keeping 2 checkpoints),
     the newest checkpoint's marker removed (a save cut short), resumed with --resume auto from
     step 20 (mid-epoch 0, the epoch's end and evaluation still ahead): the final checkpoint's
-    w^0, w^1 and W are the uninterrupted run's, bit for bit, and so is the history."""
+    w^0, w^1 and W are the uninterrupted run's, bit for bit, and so is the history. And the
+    same through the launcher's restart after worker 0 is killed at step 25."""
     flags = ["--digits", "--model", "mlp", "--batch-size", 32, "--lr", 0.1, "--num-epochs", 2,
              "--kvstore", kvstore, "--save-every-steps", 5, "--log-interval", 5]
     if kvstore == "dist_odsgd":
@@ -271,6 +299,18 @@ def test_mnist_resumed_mid_epoch_equals_uninterrupted(tmp_path, kvstore):
     assert [h["val_top1"] for h in resumed["history"]] == \
         [h["val_top1"] for h in uninterrupted["history"]]
     assert uninterrupted["history"][-1]["val_top1"] > 0.8
+
+    # The drill in one command: worker 0 killed after step 25 in the first attempt, the
+    # launcher starts the job again, --resume auto finds the checkpoint in the launcher's
+    # --checkpoint-dir (ODSGD_CHECKPOINT_DIR, no --save-dir given) and goes on.
+    drilled = tmp_path / "drilled"
+    output = launch_with_restarts("train_mnist.py", flags + [
+        "--fail-after-steps", 25, "--resume", "auto", "--keep-checkpoints", 2], drilled)
+    assert "restarting (resumes from %s, step 25)" % checkpoint_index.step_prefix(
+        str(drilled), "mnist-mlp", 25) in output
+    for got, expected in zip(final_files(drilled, "mnist-mlp", 44, 2),
+                             final_files(whole, "mnist-mlp", 44, 2)):
+        assert_bitwise_equal(got, expected)
 
 
 @pytest.mark.timeout(420)

@@ -19,6 +19,7 @@ replay.
 import collections
 import logging
 import os
+import signal
 
 import odsgd
 
@@ -119,6 +120,8 @@ class Saves(object):
         self.run, self.trainer, self.history, self.model = run, trainer, history, model
         self.every = run.args.save_every_steps
         self.stop_step = run.args.stop_after_steps
+        first_attempt = os.environ.get("ODSGD_RESTART_COUNT", "0") in ("", "0")
+        self.fail_step = run.args.fail_after_steps if first_attempt and run.rank == 0 else 0
         self.whole = run.args.kvstore in options.WHOLE_CHECKPOINT_STORES
 
     def after_step(self, epoch, batches_done):
@@ -149,6 +152,11 @@ class Saves(object):
         return self._stop_here(step)
 
     def _stop_here(self, step):
+        if self.fail_step and step == self.fail_step:
+            LOG.error("--fail-after-steps: worker 0 kills itself after global step %d (a "
+                      "drill of a failure)", step)
+            logging.shutdown()                       # the log's last lines reach the file
+            os.kill(os.getpid(), signal.SIGKILL)
         # == and not >=: a run resumed past the step goes on to the end
         if self.stop_step and step == self.stop_step:
             LOG.info("stopped after global step %d (--stop-after-steps)", step)

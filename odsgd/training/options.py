@@ -161,6 +161,12 @@ def _add_checkpoint_flags(group):
                        "due there, if any; exit status 0) as if the job had failed there, so "
                        "that --resume auto can take over; a run resumed past N goes on; 0: "
                        "train every epoch")
+    group.add_argument("--fail-after-steps", type=int, default=0, metavar="N",
+                       help="a drill of a failure: in the job's first attempt "
+                       "(ODSGD_RESTART_COUNT unset or 0), worker 0 kills itself (SIGKILL) "
+                       "after global step N, after the save due there, if any; "
+                       "`python -m odsgd.launch --max-restarts 1 --checkpoint-dir DIR` then "
+                       "starts the job again, and --resume auto goes on; 0: off")
     group.add_argument("--logging-file", default=None,
                        help="log file (default: SAVE_DIR/train_<task>.log)")
     group.add_argument("--resume-params", default="",
@@ -230,11 +236,13 @@ def check_checkpoint_flags(args):
     """ValueError naming the flag for checkpoint flags that cannot work together."""
     for flag, value in (("--save-every-steps", args.save_every_steps),
                         ("--keep-checkpoints", args.keep_checkpoints),
-                        ("--stop-after-steps", args.stop_after_steps)):
+                        ("--stop-after-steps", args.stop_after_steps),
+                        ("--fail-after-steps", args.fail_after_steps)):
         if value < 0:
             raise ValueError("%s must be >= 0 (0: off), got %d" % (flag, value))
     mid_epoch = [flag for flag, value in (("--save-every-steps", args.save_every_steps),
-                                          ("--stop-after-steps", args.stop_after_steps))
+                                          ("--stop-after-steps", args.stop_after_steps),
+                                          ("--fail-after-steps", args.fail_after_steps))
                  if value]
     if mid_epoch and args.mode == "symbolic":
         raise ValueError("%s needs --mode imperative (or hybrid): Module.fit (--mode "
