@@ -21,12 +21,15 @@ class StoreFailedError(RuntimeError):
 
 
 class FailedStep(object):
-    """The first step of a store that failed after it began to change the store's state."""
+    """The first step of a store that failed after it began to change the store's state.
+    `on_failure(step, error text)`, when set, is called once, at that failure (the store
+    tells the other workers: odsgd/failure_alarm.py)."""
 
     def __init__(self):
         self.step = None
         self.error = None
         self.sent = None     # (key groups whose round of the step was sent, groups in the step)
+        self.on_failure = None
 
     @property
     def failed(self):
@@ -35,14 +38,19 @@ class FailedStep(object):
     @contextlib.contextmanager
     def guard(self, step, groups):
         """Records an exception that leaves the block: the block changes the store's state
-        (sends step `step`'s rounds of `groups`, the key groups of the step)."""
+        (sends step `step`'s rounds). `groups()`: the key groups of the step, asked at the
+        failure (the step's plan may fuse the groups it was called with)."""
         try:
             yield
         except BaseException as error:
             if not self.failed:
                 self.step = step
                 self.error = "%s: %s" % (type(error).__name__, error)
-                self.sent = (sum(1 for g in groups if g.server_step == step + 1), len(groups))
+                step_groups = groups()
+                self.sent = (sum(1 for g in step_groups if g.server_step == step + 1),
+                             len(step_groups))
+                if self.on_failure is not None:
+                    self.on_failure(step, self.error)
             raise
 
     def describe(self):

@@ -32,6 +32,7 @@ from .config import ODSGDConfig
 from .environment import check_environment, exit_on_uncaught_exception
 from .exchange import RoundExchange, scatter, summed_gradients
 from .failed_step import FailedStep
+from .failure_alarm import FailureAlarm
 from .key_plan import (KeyPlanner, check_dense, init_server_keys, layout_settings,
                        pull_parts)
 from .local_update import LocalUpdater
@@ -111,6 +112,8 @@ class DistODSGD(KVStoreBase):
         self.weights_file = None
         self.agreement = WorkerAgreement(self)
         self.agreement.check_layout(layout_settings(self.config))
+        # a failed step ends the other workers, whatever launched the job
+        self.failed_step.on_failure = FailureAlarm(self.agreement.gather, self.rank).raise_alarm
         #: the user's keys and their key groups (odsgd/key_plan.py)
         self.planner = KeyPlanner(self.raw, self.agreement, self.config.fusion_elements,
                                   self.config.part_elements)
@@ -179,7 +182,7 @@ class DistODSGD(KVStoreBase):
         keys, values = (key, value) if isinstance(key, (list, tuple)) else ([key], [value])
         keys, values = list(keys), [_as_list(v) for v in values]
         self.planner.check_call(keys, values, None, self.local)   # refusals change nothing
-        with self.failed_step.guard(self.global_step, self.planner.groups_of(keys)):
+        with self.failed_step.guard(self.global_step, lambda: self.planner.groups_of(keys)):
             plan = self.planner.plan(keys, values, None, self.local, self.global_step)
             self.settings.send_packings(self.planner)
             self.settings.send_loaded_states(self.planner)
@@ -233,11 +236,10 @@ class DistODSGD(KVStoreBase):
         else:
             keys, values, outs = [key], [_as_list(value)], [_as_list(out)]
         self.planner.check_call(keys, values, outs, self.local)   # refusals change nothing
-        groups = self.planner.groups_of(keys)
         # One call is one global step of all its keys: a key that was not pushed for a while
         # (a frozen layer trained again) takes the step of the others.
-        step = max(group.global_step for group in groups)
-        with self.failed_step.guard(step, groups):
+        step = max(group.global_step for group in self.planner.groups_of(keys))
+        with self.failed_step.guard(step, lambda: self.planner.groups_of(keys)):
             plan = self.planner.plan(keys, values, outs, self.local, self.global_step)
             self.settings.before_step(self.planner, plan, self.global_optimizer)
             for group, _ in plan.groups:
@@ -282,6 +284,7 @@ class DistODSGD(KVStoreBase):
     def set_optimizer(self, optimizer):
         """Sends `optimizer` to the servers (wrapped in ServerOptimizer) as the global
         optimizer, and uses its settings for the local updates."""
+        self.failed_step.check("set_optimizer")
         if not isinstance(optimizer, mx.optimizer.Optimizer):
             raise TypeError("set_optimizer needs an mx.optimizer.Optimizer, got %r"
                             % type(optimizer).__name__)
@@ -389,6 +392,7 @@ class DistODSGD(KVStoreBase):
         return self.agreement.fewest_batches(local_batches)
 
     def _barrier(self):
+        self.failed_step.check("_barrier")
         self.raw._barrier()
 
 

@@ -182,3 +182,15 @@ def test_weights_of_another_save_beside_the_states_are_refused(tmp_path, checkpo
                 servers=2, timeout=90)
     assert "ckpt-worker1.params is not the weights file that" in str(failure.value)
     assert "load an earlier checkpoint" in str(failure.value)
+
+
+def test_a_failure_in_the_first_step_counts_the_groups_it_made(tmp_path):
+    """The first step fuses the three small parameters into one key group: a failure of that
+    step's local update reports the groups of the step as made (1 of 1 sent), not the keys'
+    groups from before the fusion."""
+    with pytest.raises(JobError) as failure:
+        run_job("failed_step_job.py", ["--prefix", tmp_path / "ckpt", "--fail-at", 0,
+                                       "--fail-group", 0, "--groups", 1, "--good-save-at", -1],
+                timeout=90)
+    assert "dist_odsgd: step 0 failed on this worker (RuntimeError: injected failure of the " \
+           "local update) after 1 of its 1 key groups had sent their rounds" in str(failure.value)

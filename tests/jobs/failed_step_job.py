@@ -27,18 +27,21 @@ def parse_args():
     p.add_argument("--rank", type=int, default=1)
     p.add_argument("--prefix", required=True)
     p.add_argument("--good-save-at", type=int, default=3)
+    p.add_argument("--fail-group", type=int, default=1,
+                   help="the position of the failing key group in the step (of --groups)")
+    p.add_argument("--groups", type=int, default=3, help="key groups a step makes")
     return p.parse_args()
 
 
-def fail_once(kv, step, group_position):
-    """Makes the local update of the key group at `group_position` (in the step's order) raise
-    once, at global step `step`."""
+def fail_once(kv, step, group_position, groups):
+    """Makes the local update of the key group at `group_position` (in the step's order, of
+    `groups`) raise once, at global step `step`."""
     update = kv.local.update_group
     calls = {"n": 0}
 
     def failing(group, at, *rest):
         calls["n"] += 1
-        if at == step and (calls["n"] - 1) % 3 == group_position:
+        if at == step and (calls["n"] - 1) % groups == group_position:
             kv.local.update_group = update
             raise RuntimeError("injected failure of the local update")
         return update(group, at, *rest)
@@ -54,14 +57,18 @@ def main():
     list(net.collect_params().values())[3].grad_req = "null"
     trainer = mx.gluon.Trainer(net.collect_params(), "sgd",
                                {"learning_rate": 0.1, "momentum": 0.9}, kvstore=kv)
+    if args.fail_at == 0 and kv.rank == args.rank:
+        trainer._optimizer.rescale_grad = 1.0 / 2   # what trainer.step(2) sets, before the store
+        trainer._init_kvstore()   # the store has its local update now: fail in the first step
+        fail_once(kv, args.fail_at, args.fail_group, args.groups)
     for step in range(args.steps):
         rng = np.random.RandomState(10 * kv.rank + step)
         data = mx.nd.array(rng.randn(2, 3))
         with mx.autograd.record():
             loss = net(data).sum()
         loss.backward()
-        if step == 1 and kv.rank == args.rank:
-            fail_once(kv, args.fail_at, 1)   # the store has its local update by now
+        if step == 1 and kv.rank == args.rank and args.fail_at > 1:
+            fail_once(kv, args.fail_at, args.fail_group, args.groups)   # local update made by now
         try:
             trainer.step(2)
         except Exception as error:  # noqa: BLE001 - the careless loop under test
