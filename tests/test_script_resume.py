@@ -143,6 +143,31 @@ def test_mixup_draws_are_beta_and_keyed_by_batch():
     assert stats.kstest(list(draws.values()), stats.beta(0.4, 0.4).cdf).pvalue > 0.01
 
 
+def test_dropout_masks_keyed_by_batch():
+    """A network with Dropout gets MXNet's generator seeded from (seed, rank, epoch, batch)
+    before each batch: the same masks after any draws before, others at another batch; a
+    network without random layers is left alone."""
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(64), mx.gluon.nn.Dropout(0.5))
+    net.initialize(mx.init.One())
+    net.hybridize(static_alloc=True, static_shape=True)
+    before_batch = imperative.random_layer_seeding(net, seed=3, rank=1)
+    x = mx.nd.ones((4, 8))
+
+    def masks(epoch, batch):
+        before_batch(epoch, batch)
+        with mx.autograd.record():
+            return (net(x) == 0).asnumpy()
+    first = masks(2, 5)
+    assert 0.3 < first.mean() < 0.7
+    mx.nd.random.uniform(shape=(1000,)).wait_to_read()     # draws in between
+    np.testing.assert_array_equal(masks(2, 5), first)
+    assert not np.array_equal(masks(2, 6), first)
+    plain = mx.gluon.nn.HybridSequential()
+    plain.add(mx.gluon.nn.Dense(4))
+    assert imperative.random_layer_seeding(plain, seed=3, rank=1) is None
+
+
 # -- the flags ----------------------------------------------------------------------------
 def parsed(argv, monkeypatch, environ=None):
     monkeypatch.setenv("DMLC_NUM_WORKER", "2")

@@ -12,7 +12,7 @@ that count and, should a shard run out first (a .rec without .idx is split by by
 it over instead of hanging.
 
 Resuming exactly: every random draw of the data (the shuffle, CIFAR's pad-crop-flip, the image
-folder's augmentation) comes from a stream keyed by (seed, rank, epoch, batch or position):
+folder's augmentation) comes from a stream keyed by (seed, rank, epoch and batch):
 `stream`. What batch b of epoch e holds therefore does not depend on what ran before, and an
 iterator started at batch b of epoch e (`EpochBatches.start_epoch(e, skip=b)`) gives what the
 uninterrupted run gave from there. The in-memory ArrayIter, SyntheticIter and the image
@@ -66,12 +66,12 @@ def resized_to(data_iter, steps):
 
 # -- random streams keyed by position: what a resumed run draws again ----------------------
 #: what a stream is for; the first entry of its key, so that no two purposes share draws
-ORDER, AUGMENTATION, MIXUP, ITEM, NETWORK = range(5)
+ORDER, AUGMENTATION, MIXUP, NETWORK = range(4)
 
 
 def stream_seed(purpose, seed, rank, epoch, position=0):
-    """A 32-bit seed for the draws of `purpose` on worker `rank` at `position` (a batch, or a
-    sample's place in the epoch) of `epoch`, in the run of --seed `seed`: the same whatever ran
+    """A 32-bit seed for the draws of `purpose` on worker `rank` at `position` (a batch) of
+    `epoch`, in the run of --seed `seed`: the same whatever ran
     before, so that a run resumed at any batch draws what the uninterrupted run drew there.
     The key has a fixed length: NumPy's SeedSequence gives [a, b] and [a, b, 0] one state."""
     key = [int(purpose), int(seed) % 2 ** 32, int(rank), int(epoch), int(position)]
@@ -404,8 +404,9 @@ def folder_shard(count, rank, num_workers, seed=1234):
 class _ShardBatches(object):
     """Batches for a gluon DataLoader: `indices` in order with a last short batch (shuffle
     False); or, with shuffle, the full batches of epoch `epoch`'s permutation of them (stream
-    ORDER of (seed, rank, epoch)) from batch `skip` on, each item (index, the seed of its
-    augmentation: stream ITEM of its place in the epoch)."""
+    ORDER of (seed, rank, epoch)) from batch `skip` on, each a list of items (index, seed),
+    the first one's seed that of the batch's augmentation (stream AUGMENTATION of (seed, rank,
+    epoch, batch)), the others' None."""
 
     def __init__(self, indices, batch_size, shuffle, seed, rank):
         self.indices, self.batch_size, self.shuffle = np.asarray(indices), batch_size, shuffle
@@ -419,10 +420,10 @@ class _ShardBatches(object):
                 yield self.indices[start:start + size].tolist()
             return
         order = stream(ORDER, self.seed, self.rank, self.epoch).permutation(self.indices)
-        for start in range(self.skip * size, len(order) - len(order) % size, size):
-            yield [(int(order[place]),
-                    stream_seed(ITEM, self.seed, self.rank, self.epoch, place))
-                   for place in range(start, start + size)]
+        for batch in range(self.skip, len(order) // size):
+            seed = stream_seed(AUGMENTATION, self.seed, self.rank, self.epoch, batch)
+            yield [(int(index), seed if place == 0 else None)
+                   for place, index in enumerate(order[batch * size:(batch + 1) * size])]
 
     def __len__(self):
         full, rest = divmod(len(self.indices), self.batch_size)
@@ -430,11 +431,15 @@ class _ShardBatches(object):
 
 
 class _SeededItems(mx.gluon.data.Dataset):
-    """Items `(index, seed)` of `dataset`, the image transformed by `transform` after every
-    generator it may draw from is seeded with `seed`: Python's (gluon's RandomResizedCrop and
-    colour jitter in mx.image), NumPy's and MXNet's (the image operators: flip, lighting).
-    An item is then the same in whichever data-loading process it is made, and whatever was
-    made before it."""
+    """Items `(index, seed)` of `dataset`, the image transformed by `transform`; a seed that is
+    not None first seeds every generator the transform may draw from: Python's (gluon's
+    RandomResizedCrop, mx.image's colour jitter), NumPy's and MXNet's (the image operators:
+    flip, lighting).
+
+    The DataLoader makes a batch's items in order, in one process (the worker or one of its
+    data-loading processes): seeded at its first item, a batch is the same in whichever
+    process makes it, and whatever was made before it. Once a batch, not once an item: MXNet's
+    seeding takes about a millisecond."""
 
     def __init__(self, dataset, transform):
         self.dataset, self.transform = dataset, transform
@@ -444,9 +449,10 @@ class _SeededItems(mx.gluon.data.Dataset):
 
     def __getitem__(self, key):
         index, seed = key
-        random.seed(seed)
-        np.random.seed(seed)
-        mx.random.seed(seed)
+        if seed is not None:
+            random.seed(seed)
+            np.random.seed(seed)
+            mx.random.seed(seed)
         image, label = self.dataset[index]
         return self.transform(image), label
 
@@ -454,9 +460,9 @@ class _SeededItems(mx.gluon.data.Dataset):
 class LoaderIter(mx.io.DataIter):
     """A gluon DataLoader over `indices` of `dataset` (items (image, label), the image
     transformed by `transform` to `data_shape`) as an mx.io DataIter: shuffled full batches
-    (shuffle=True; seeded by (seed, rank, epoch) and each sample's place, so that it can start
-    at any batch of any epoch: start_epoch), or every item in order with the last batch
-    padded (its `pad` says by how many)."""
+    (shuffle=True; seeded by (seed, rank, epoch, batch), so that it can start at any batch of
+    any epoch: start_epoch), or every item in order with the last batch padded (its `pad`
+    says by how many)."""
 
     def __init__(self, dataset, transform, indices, batch_size, data_shape, shuffle, seed,
                  num_workers, rank=0):
