@@ -85,7 +85,10 @@ class DistODSGD(KVStoreBase):
     The methods take MXNet's `priority` argument and leave it unused: MXNet orders a store's
     requests by it within one engine queue, while this store queues each part's round as soon
     as its gradient is gathered (odsgd/exchange.py).
+
+    One store per process: a second is refused (it would share the first one's server keys).
     """
+    _made_in_this_process = False
 
     def __init__(self, local_optimizer=None, local_optimizer_params=None, compensation=None,
                  compensation_mode=None, warmup_steps=None):
@@ -93,8 +96,15 @@ class DistODSGD(KVStoreBase):
                                   compensation_mode, warmup_steps)
         self.overlap = OverlapMeter(self.config.metrics_interval)
         check_environment()
+        if DistODSGD._made_in_this_process:
+            raise ValueError(
+                "dist_odsgd: this process already has a dist_odsgd store; a second one would "
+                "use the same server keys as the first, and MXNet initialises keys from its "
+                "first store only. Make one store and pass that store (kvstore=kv) to every "
+                "Trainer or Module of the process")
         #: MXNet's own dist_sync store underneath
         self.raw = mx.kv.create("dist_sync")
+        DistODSGD._made_in_this_process = True
         exit_on_uncaught_exception()
         timeline.start_if_asked(self.rank)   # ODSGD_TIMELINE: a trace of this worker
         self.exchange = RoundExchange(self.raw)
@@ -309,7 +319,9 @@ class DistODSGD(KVStoreBase):
             "dist_odsgd does not support gradient compression (%r): MXNet compresses every "
             "push of a store, and dist_odsgd's collective checks (equal step counts, shapes) "
             "send exact values through the same servers; train without it (drop the option, "
-            "e.g. --gc-type) or use kvstore='dist_sync' for compressed pushes"
+            "e.g. --gc-type). MXNet 1.9.1's own dist_sync and dist_async refuse it too "
+            "wherever gluon.Trainer or Module.fit push ('Compression not supported with "
+            "PushPull'): only a loop of its own kv.push and kv.pull calls compresses there"
             % (compression_params,))
 
     def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):

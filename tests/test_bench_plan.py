@@ -199,6 +199,12 @@ def test_replan_recomputes_only_the_predictions(tmp_path, capsys):
     assert replan.main([str(path)]) == 0
     assert json.loads(path.read_text()) == document
     assert replan.main(["--check", str(path)]) == 0
+    # a stale field other than the rate (what binds, the step's parts) is found as well
+    for field, value in (("plan_binds", "x"), ("plan_step_seconds", -1.0)):
+        other = json.loads(json.dumps(document))
+        other["runs"][0][field] = value
+        path.write_text(json.dumps(other, indent=1))
+        assert replan.main(["--check", str(path)]) == 1, field
     recorded = [p for p in glob.glob(os.path.join(REPO, "results", "**", "*.json"),
                                      recursive=True)
                 if '"plan_samples_per_sec"' in open(p).read()

@@ -309,6 +309,17 @@ def test_two_trainers_on_one_store_fail_with_the_reason(live_jobs):
     assert_no_leftovers(job)
 
 
+def test_a_second_store_in_one_process_is_refused(live_jobs):
+    """Two dist_odsgd stores in one process would share the servers' key numbers: the second is
+    a ValueError naming the fix, and the first store trains on."""
+    job = live_jobs("two_trainers_job.py", ["--second-store"], timeout=90)
+    assert job.finish() == 0, job.output[-3000:]
+    assert "second store refused: dist_odsgd: this process already has a dist_odsgd store" \
+        in job.output, job.output[-3000:]
+    assert "pass that store (kvstore=kv) to every Trainer or Module" in job.output
+    assert_no_leftovers(job)
+
+
 # -- checkpoint and resume --------------------------------------------------------------------
 def test_checkpoint_resume_is_exact(tmp_path):
     """10 steps in one job equal 6 steps + odsgd.save_checkpoint + a new job that loads it and

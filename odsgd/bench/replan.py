@@ -36,9 +36,24 @@ def replanned(run):
     return fields
 
 
+def same_value(old, new):
+    """Whether a recorded prediction field equals today's: numbers to 1e-9 (relative), lists
+    and dicts entry by entry, anything else exactly."""
+    if isinstance(new, bool) or isinstance(old, bool):
+        return old == new
+    if isinstance(new, (int, float)) and isinstance(old, (int, float)):
+        return abs(new - old) <= 1e-9 * max(abs(new), abs(old))
+    if isinstance(new, (list, tuple)) and isinstance(old, (list, tuple)):
+        return len(old) == len(new) and all(same_value(a, b) for a, b in zip(old, new))
+    if isinstance(new, dict) and isinstance(old, dict):
+        return old.keys() == new.keys() and all(same_value(old[k], new[k]) for k in new)
+    return old == new
+
+
 def replan_file(path, write=True):
-    """[(mode, bandwidth, measured, old, new samples/s)] of the runs of `path` with
-    predictions; writes today's predictions back where `write`."""
+    """[(mode, bandwidth, measured, old, new samples/s, the names of the fields whose recorded
+    value is not today's)] of the runs of `path` with predictions; writes today's predictions
+    back where `write`."""
     with open(path) as f:
         document = json.load(f)
     rows = []
@@ -48,8 +63,10 @@ def replan_file(path, write=True):
             continue
         key = "plan_samples_per_sec" if "plan_samples_per_sec" in fields \
             else "predicted_samples_per_sec"
+        stale = sorted(name for name, value in fields.items()
+                       if not same_value(run.get(name), value))
         rows.append((run["mode"], run["bandwidth_mbit"], run["samples_per_sec"],
-                     run.get(key), fields[key]))
+                     run.get(key), fields[key], stale))
         run.update(fields)
     if write:
         with open(path, "w") as f:
@@ -68,12 +85,12 @@ def main(argv=None):
     for path in args.files:
         rows = replan_file(path, write=not args.check)
         print("%s: %d runs with predictions" % (path, len(rows)))
-        for mode, mbit, measured, old, new in rows:
-            changed = old is None or abs(new - old) > 1e-9 * abs(new)
-            stale += changed
+        for mode, mbit, measured, old, new, fields in rows:
+            stale += bool(fields)
             print("  %-10s %8g Mbit/s  measured %9.1f  predicted %9s -> %9.1f  (x %.3f)%s"
                   % (mode, mbit, measured, "-" if old is None else "%.1f" % old, new,
-                     measured / new, "" if changed else "  unchanged"))
+                     measured / new, "  changed: " + ", ".join(fields) if fields
+                     else "  unchanged"))
     if args.check and stale:
         print("%d predictions are not today's model's: run without --check" % stale)
         return 1

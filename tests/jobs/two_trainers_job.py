@@ -1,5 +1,8 @@
-"""Cluster job of a misuse test: two gluon.Trainers share one dist_odsgd store. The second
-Trainer's parameters would take keys 0, 1, ... again; it must fail with the reason."""
+"""Cluster job of misuse tests: two gluon.Trainers share one dist_odsgd store (the second
+Trainer's parameters would take keys 0, 1, ... again; it must fail with the reason), or, with
+--second-store, a second dist_odsgd store is made in the same process (it would share the first
+store's server keys, and MXNet initialises keys only from its first store): refused, the job
+prints the refusal and trains on with the first."""
 import os
 import sys
 
@@ -17,6 +20,15 @@ def train_one_step(net, trainer):
 
 def main():
     kv = odsgd.DistODSGD()
+    if "--second-store" in sys.argv:
+        try:
+            mx.kv.create("dist_odsgd")
+        except ValueError as refused:
+            print("second store refused: %s" % refused, flush=True)
+        net = mx.gluon.nn.Dense(3, in_units=4)
+        net.initialize()
+        train_one_step(net, mx.gluon.Trainer(net.collect_params(), "sgd", kvstore=kv))
+        return
     trainers = []
     for _ in range(2):
         net = mx.gluon.nn.Dense(3, in_units=4)
