@@ -17,7 +17,7 @@ from scipy import stats
 
 from cluster import REPO, run_job
 from odsgd import checkpoint_index
-from odsgd.training import checkpoints, data, epoch_saves, imperative, options
+from odsgd.training import checkpoints, data, epoch_saves, imperative, options, session
 from test_imagenet_recipe import load_script, write_image_folder
 from test_training_scripts import read_results, script, write_tiny_imagenet
 
@@ -218,6 +218,26 @@ def test_save_dir_from_the_launcher(monkeypatch):
     launched = {"ODSGD_CHECKPOINT_DIR": "/shared/ckpt"}
     assert parsed([], monkeypatch, launched).save_dir == "/shared/ckpt"
     assert parsed(["--save-dir", "mine"], monkeypatch, launched).save_dir == "mine"
+
+
+def test_schedule_counts_the_epochs_done_once(monkeypatch):
+    """A run resumed at epoch 1 of 3 (step decay at epoch 2, 22 updates an epoch) reads the
+    uninterrupted run's rates: with states that carry the update count (dist_odsgd's count
+    goes on from 23), no offset; without states (dist_sync: the count starts at 1 again), the
+    epoch done; with --resume auto, the offset of the checkpoint's run."""
+    args = parsed(["--lr", "0.1", "--lr-decay-epoch", "2", "--num-epochs", "3"], monkeypatch)
+    uninterrupted, _ = session.make_schedules(args, 22, 2)
+    assert (uninterrupted(23), uninterrupted(45)) == pytest.approx((0.1, 0.01))
+    args.resume_epoch, args.resume_params, args.resume_states = 1, "p", "s"
+    with_states, _ = session.make_schedules(args, 22, 2, session.schedule_offset_epochs(args))
+    assert [with_states(u) for u in range(23, 67)] == \
+        [uninterrupted(u) for u in range(23, 67)]
+    args.resume_states = ""
+    without, _ = session.make_schedules(args, 22, 2, session.schedule_offset_epochs(args))
+    assert [without(u) for u in range(1, 45)] == [uninterrupted(u + 22) for u in range(1, 45)]
+    found = checkpoint_index.Checkpoint("c", 30, "dist_odsgd", 2,
+                                        {"schedule_offset_epochs": 1}, "m")
+    assert session.schedule_offset_epochs(args, found) == 1
 
 
 def test_resume_refuses_a_checkpoint_of_another_run():

@@ -54,8 +54,21 @@ class Run(object):
         self.__dict__.update(fields)
 
     def lr_at(self, steps_done):
-        """The global learning rate after `steps_done` of this run's steps (for the logs)."""
+        """The global learning rate after `steps_done` steps of the run since its epoch 0 (for
+        the logs): the schedule at the servers' update count then (the schedule adds its
+        offset to the count)."""
         return self.schedule(max(1, self.iterations(steps_done)))
+
+
+def schedule_offset_epochs(args, found=None):
+    """The epochs the schedules are offset by: those of the run whose checkpoint `found`
+    --resume auto goes on from; else --resume-epoch where the run starts without states
+    (the servers' update count starts at 0 again: dist_sync, dist_async); else 0: the states
+    loaded carry the update count (dist_odsgd's) or the whole optimizer with its own schedule
+    (local stores), and an offset would count the epochs done twice."""
+    if found is not None:
+        return found.extra.get("schedule_offset_epochs", 0)
+    return 0 if args.resume_states else args.resume_epoch
 
 
 def make_schedules(args, steps, num_workers, offset_epochs=0):
@@ -140,7 +153,7 @@ def train(task, args):
     total = task.training_size(args)
     steps = data.steps_per_epoch(total, num_workers, batch)
     found = resume_point(task, args)
-    offset_epochs = found.extra.get("schedule_offset_epochs", 0) if found else args.resume_epoch
+    offset_epochs = schedule_offset_epochs(args, found)
     global_schedule, local_schedule = make_schedules(args, steps, num_workers, offset_epochs)
 
     kv = store.create_store(args, local_schedule)
@@ -158,7 +171,7 @@ def train(task, args):
     iters = schedule.iterations_per_epoch(steps, num_workers, args.kvstore)
     run = Run(args=args, kv=kv, rank=rank, num_workers=num_workers, contexts=ctx_list,
               batch_per_worker=batch, steps=steps, schedule=global_schedule,
-              iterations=lambda s: s * iters // steps,
+              iterations=lambda s: s * iters // steps - offset_epochs * iters,
               train_iter=data.resized_to(train_iter, steps), val_iter=val_iter,
               net=build_net(task, args, ctx_list, train_iter.provide_data[0].shape),
               make_net=lambda: task.make_net(args),
