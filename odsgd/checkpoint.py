@@ -27,12 +27,12 @@ ODSGD_FUSION_ELEMENTS may differ from the saving job's (nothing saved depends on
 the optimizer's begin_num_update must be the saving job's.
 """
 import os
-import tempfile
-import zlib
 
 import mxnet as mx
 
-from . import checkpoint_index, eval_weights, state_files, worker_states
+from . import (checkpoint_index, eval_weights, mxnet_store_checkpoint, state_files,
+               worker_states)
+from .weights_files import file_crc32, save_weights_atomically
 
 #: The type of the store these helpers are for (DistODSGD.type). They know the store by it,
 #: not by its class: this module sits below odsgd/kvstore.py and imports nothing of it.
@@ -51,11 +51,12 @@ def checkpoint_files(prefix, rank):
 
 
 def _store(trainer, what):
+    """Whether `trainer` trains with dist_odsgd (False: one of MXNet's own stores, which
+    odsgd/mxnet_store_checkpoint.py saves)."""
     if not isinstance(trainer, mx.gluon.Trainer):
         raise TypeError("%s needs a gluon.Trainer, got %r" % (what, type(trainer).__name__))
-    if trainer._kvstore is not None and not is_odsgd_store(trainer._kvstore):
-        raise ValueError("%s is for a Trainer with kvstore='dist_odsgd'; this one uses %r"
-                         % (what, trainer._kvstore.type))
+    kv = trainer._kvstore if trainer._kv_initialized else trainer._kvstore_params["kvstore"]
+    return is_odsgd_store(kv) or (isinstance(kv, str) and kv.lower() == STORE_TYPE)
 
 
 def save_checkpoint(trainer, prefix, extra=None):
@@ -64,7 +65,8 @@ def save_checkpoint(trainer, prefix, extra=None):
     marker (odsgd/checkpoint_index.py): only a checkpoint with its marker is whole. Call it
     on every worker after the same step. `extra`: a dict recorded in the marker (e.g. the
     epoch and the batch within it). Returns the files this worker wrote."""
-    _store(trainer, "save_checkpoint")
+    if not _store(trainer, "save_checkpoint"):
+        return mxnet_store_checkpoint.save(trainer, prefix, extra)
     if not trainer._kv_initialized or trainer._params_to_init:
         raise ValueError("save_checkpoint before the first trainer.step: there is nothing to "
                          "save yet")
@@ -101,30 +103,6 @@ def whole_checkpoint_files(prefix, num_workers):
     return files + [worker_states.servers_file(checkpoint_files(prefix, 0)[1])]
 
 
-def save_weights_atomically(path, arrays):
-    """mx.nd.save through a temporary file of this call's own, renamed over `path`: a save
-    cut short leaves the file before it whole (mx.nd.save writes in place)."""
-    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
-                                         prefix=os.path.basename(path) + ".", suffix=".tmp")
-    os.close(handle)
-    try:
-        mx.nd.save(temporary, arrays)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
-
-
-def file_crc32(path):
-    """CRC-32 of a file's bytes, read in chunks."""
-    crc = 0
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            crc = zlib.crc32(chunk, crc)
-    return crc
-
-
 def _worker_states(prefix, kv):
     """This worker's saved states, after the number of workers is checked: a job with more
     workers than the saving job finds no file of its rank (named in the error)."""
@@ -147,14 +125,16 @@ def resume_or_start(trainer, directory):
     step it was saved after; returns 0 where `directory` holds none (the job starts fresh).
     Call it on every worker after the parameters are initialised and before the first
     trainer.step; every worker must see the same folder (a file system they share)."""
-    _store(trainer, "resume_or_start")
+    odsgd_store = _store(trainer, "resume_or_start")
+    if not odsgd_store:
+        mxnet_store_checkpoint.prepare(trainer)
     latest = checkpoint_index.latest_checkpoint(directory)
     if latest is None:
         return 0
-    if latest.store != STORE_TYPE:
+    name = STORE_TYPE if odsgd_store else mxnet_store_checkpoint.store_name(trainer)
+    if latest.store != name:
         raise ValueError("%s was saved with kvstore %r; this Trainer trains with %r: resume it "
-                         "with the store that saved it" % (latest.marker, latest.store,
-                                                           STORE_TYPE))
+                         "with the store that saved it" % (latest.marker, latest.store, name))
     load_checkpoint(trainer, latest.prefix)
     return latest.step
 
@@ -177,7 +157,8 @@ def load_checkpoint(trainer, prefix):
     of the workers and servers are loaded and each worker's parameters are set to its own
     weights w^i. Call it on every worker after the parameters are initialised (shapes known)
     and before the first trainer.step."""
-    _store(trainer, "load_checkpoint")
+    if not _store(trainer, "load_checkpoint"):
+        return mxnet_store_checkpoint.load(trainer, prefix)
     if trainer._kv_initialized:
         raise ValueError("load_checkpoint must come before the first trainer.step (the servers "
                          "take the global weights from rank 0's parameters when the store is "

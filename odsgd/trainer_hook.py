@@ -15,17 +15,23 @@ Between steps the parameter arrays may show an inference forward the global weig
 of the local ones (odsgd/eval_weights.py): each step first puts the local weights back, and
 then tells eval_weights which arrays it wrote them into.
 
-This module imports nothing of odsgd but eval_weights: the package's __init__ imports it to
-install the overrides, and it knows a dist_odsgd store by its type, not by the class in
-odsgd/kvstore.py.
+A Trainer on one of MXNet's own stores that is to be checkpointed (odsgd.resume_or_start
+prepared it) also has its servers given the project's ServerOptimizer when it makes its store,
+and its steps counted (odsgd/mxnet_store_checkpoint.py): one more override,
+`Trainer._init_kvstore`, which does nothing else.
+
+This module imports nothing of odsgd but eval_weights and mxnet_store_checkpoint: the
+package's __init__ imports it to install the overrides, and it knows a dist_odsgd store by its
+type, not by the class in odsgd/kvstore.py.
 """
 import mxnet as mx
 from mxnet.kvstore import KVStoreBase
 from mxnet.module import module as _module
 
-from . import eval_weights
+from . import eval_weights, mxnet_store_checkpoint
 
 _TRAINER_ALLREDUCE = mx.gluon.Trainer._allreduce_grads
+_TRAINER_INIT_KVSTORE = mx.gluon.Trainer._init_kvstore
 _MODULE_UPDATE_ON_KVSTORE = _module._update_params_on_kvstore
 STORE_TYPE = "dist_odsgd"   # DistODSGD.type
 
@@ -39,6 +45,7 @@ def allreduce_grads_in_one_call(trainer):
     requires) one pushpull of every trained parameter; otherwise MXNet's own."""
     kvstore = trainer._kvstore
     if not (_is_odsgd(kvstore) and trainer._update_on_kvstore):
+        mxnet_store_checkpoint.counted_step(trainer)
         return _TRAINER_ALLREDUCE(trainer)
     keys, grads, weights, trained = [], [], [], []
     for index, param in enumerate(trainer._params):
@@ -48,6 +55,13 @@ def allreduce_grads_in_one_call(trainer):
             weights.append(param.list_data())
             trained.append(id(param))
     _step(kvstore, keys, grads, weights, trained)
+
+
+def init_kvstore_for_checkpoints(trainer):
+    """gluon.Trainer._init_kvstore: MXNet's own, then, for a Trainer prepared for checkpoints
+    on one of MXNet's dist stores, the servers' ServerOptimizer."""
+    _TRAINER_INIT_KVSTORE(trainer)
+    mxnet_store_checkpoint.after_store_made(trainer)
 
 
 def update_params_on_kvstore_in_one_call(param_arrays, grad_arrays, kvstore, param_names):
@@ -77,7 +91,8 @@ def _step(kvstore, keys, grads, weights, trained=()):
 
 
 def install():
-    """Installs both overrides and those of eval_weights (idempotent)."""
+    """Installs the overrides and those of eval_weights (idempotent)."""
     mx.gluon.Trainer._allreduce_grads = allreduce_grads_in_one_call
+    mx.gluon.Trainer._init_kvstore = init_kvstore_for_checkpoints
     _module._update_params_on_kvstore = update_params_on_kvstore_in_one_call
     eval_weights.install()

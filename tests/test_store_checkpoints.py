@@ -1,0 +1,81 @@
+"""odsgd.save_checkpoint and odsgd.resume_or_start with a gluon.Trainer on MXNet's own stores
+(odsgd/mxnet_store_checkpoint.py): dist_sync resumes to the uninterrupted run's weights bit for
+bit, and its training is the plain dist_sync run's; a local store likewise; dist_async resumes
+from the saved step.
+
+A run of 8 steps that saves after steps 3 and 6 and ends (steps 7 and 8 are lost with it), and
+a new job that resumes from the newest whole checkpoint and runs to step 12, against one job of
+12 steps (tests/jobs/store_checkpoint_job.py)."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cluster import JOBS, REPO, run_job
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def weights(folder, workers):
+    return [dict(np.load(os.path.join(str(folder), "rank%d.npz" % r))) for r in range(workers)]
+
+
+def assert_equal_runs(runs, references):
+    for rank, (run, reference) in enumerate(zip(runs, references)):
+        assert sorted(run) == sorted(reference)
+        for name in reference:
+            np.testing.assert_array_equal(run[name], reference[name],
+                                          err_msg="rank %d, %s" % (rank, name))
+
+
+def job(kvstore, out, options, servers=1, env=None):
+    args = ["--out", out, "--kvstore", kvstore] + options
+    if kvstore.startswith("dist"):
+        return run_job("store_checkpoint_job.py", args, servers=servers, env=env, timeout=150)
+    done = subprocess.run([sys.executable, os.path.join(JOBS, "store_checkpoint_job.py")] +
+                          [str(a) for a in args], capture_output=True, text=True, timeout=150,
+                          cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def interrupted_and_resumed(tmp_path, kvstore, **cluster):
+    folders = {name: tmp_path / name for name in ("whole", "first", "resumed", "ckpt")}
+    for folder in folders.values():
+        folder.mkdir()
+    ckpt = str(folders["ckpt"])
+    job(kvstore, folders["whole"], ["--steps", 12, "--dir", tmp_path / "none"], **cluster)
+    job(kvstore, folders["first"], ["--steps", 8, "--dir", ckpt, "--save-every", 3], **cluster)
+    output = job(kvstore, folders["resumed"], ["--steps", 12, "--dir", ckpt], **cluster)
+    return folders, output
+
+
+@pytest.mark.parametrize("kvstore,workers,cluster", [
+    ("dist_sync", 2, {}),
+    # the first weight (1,200 elements) sliced over 2 servers by MXNet: each keeps its slice's
+    # momentum, saved whole and cut again
+    ("dist_sync", 2, {"servers": 2, "env": {"MXNET_KVSTORE_BIGARRAY_BOUND": "500"}}),
+    ("local", 1, {})])
+def test_resume_is_exact(tmp_path, kvstore, workers, cluster):
+    folders, output = interrupted_and_resumed(tmp_path, kvstore, **cluster)
+    assert "rank 0 starts at step 6" in output
+    assert_equal_runs(weights(folders["resumed"], workers), weights(folders["whole"], workers))
+
+
+def test_dist_sync_trains_as_plain_dist_sync(tmp_path):
+    """The ServerOptimizer that keeps the servers' states applies the same update as MXNet's
+    own servers: a prepared run equals a plain one."""
+    for name in ("prepared", "plain"):
+        (tmp_path / name).mkdir()
+    job("dist_sync", tmp_path / "prepared", ["--dir", tmp_path / "none"])
+    job("dist_sync", tmp_path / "plain", ["--plain"])
+    assert_equal_runs(weights(tmp_path / "prepared", 2), weights(tmp_path / "plain", 2))
+
+
+def test_dist_async_resumes_from_the_saved_step(tmp_path):
+    folders, output = interrupted_and_resumed(tmp_path, "dist_async")
+    assert output.count("starts at step 6") == 2
+    for run in weights(folders["resumed"], 2):
+        assert all(np.isfinite(value).all() for value in run.values())
