@@ -314,7 +314,7 @@ def launch_with_restarts(script_name, args, checkpoint_dir, timeout=200):
 
 
 @pytest.mark.timeout(480)
-@pytest.mark.parametrize("kvstore", ["dist_odsgd"])
+@pytest.mark.parametrize("kvstore", ["dist_odsgd", "dist_sync"])
 def test_mnist_resumed_mid_epoch_equals_uninterrupted(tmp_path, kvstore):
     """train_mnist.py --digits, 2 workers, 2 epochs of 22 steps, a checkpoint every 5 steps
     (5 does not divide 22). Uninterrupted; and stopped after step 25 (keeping 2 checkpoints),
@@ -356,6 +356,49 @@ def test_mnist_resumed_mid_epoch_equals_uninterrupted(tmp_path, kvstore):
     for got, expected in zip(final_files(drilled, "mnist-mlp", 44, 2),
                              final_files(whole, "mnist-mlp", 44, 2)):
         assert_bitwise_equal(got, expected)
+
+
+def train_alone(script_name, flags, timeout=150):
+    """Runs a script as one process (a local store), asserting exit code 0."""
+    out = subprocess.run([sys.executable, script(script_name)] + [str(f) for f in flags],
+                         capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stderr
+
+
+def test_local_store_resumed_mid_epoch_equals_uninterrupted(tmp_path):
+    """--kvstore local (one process, the Trainer's states on the worker): stopped after step
+    16 of 2 epochs of 11 (a checkpoint every 4 steps) and resumed, the final weights are the
+    uninterrupted run's, bit for bit."""
+    flags = ["--digits", "--model", "mlp", "--batch-size", 128, "--lr", 0.1, "--num-epochs",
+             2, "--kvstore", "local", "--save-every-steps", 4, "--log-interval", 4]
+    whole, broken = tmp_path / "uninterrupted", tmp_path / "resumed"
+    train_alone("train_mnist.py", flags + ["--save-dir", whole])
+    train_alone("train_mnist.py", flags + ["--save-dir", broken, "--stop-after-steps", 16])
+    assert checkpoint_index.latest_checkpoint(str(broken)).extra["batch"] == 5
+    train_alone("train_mnist.py", flags + ["--save-dir", broken, "--resume", "auto"])
+    files = [os.path.basename(checkpoint_index.step_prefix(".", "mnist-mlp", 22)) +
+             "-worker0.params", "mnist-mlp-0002.params"]
+    for name in files:
+        assert_bitwise_equal(broken / name, whole / name)
+
+
+@pytest.mark.timeout(300)
+def test_dist_async_resumes_what_it_can(tmp_path):
+    """dist_async: --resume auto loads the checkpoint of step 25 and goes on to the end,
+    saying in the log that the run does not replay the interrupted one."""
+    flags = ["--digits", "--model", "mlp", "--batch-size", 32, "--lr", 0.05, "--num-epochs", 2,
+             "--kvstore", "dist_async", "--save-every-steps", 5, "--save-dir", tmp_path]
+    assert run_interrupted("train_mnist.py", flags[:-2], tmp_path, stop=25) == [20, 25]
+    run_job(script("train_mnist.py"), flags + ["--resume", "auto", "--json",
+                                               tmp_path / "results.json"], timeout=150)
+    log = " ".join((tmp_path / "train_mnist.log").read_text().split())
+    assert "resumed from %s (global step 25): epoch 1, batch 3 of 22" % \
+        checkpoint_index.step_prefix(str(tmp_path), "mnist-mlp", 25) in log
+    assert "with dist_async: the weights and states of the checkpoint are loaded" in log
+    assert [h["epoch"] for h in read_results(tmp_path / "results.json")["history"]] == [1, 2]
+    assert checkpoint_index.latest_checkpoint(str(tmp_path)).extra["global_step"] == 44
 
 
 @pytest.mark.timeout(420)

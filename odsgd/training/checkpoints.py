@@ -13,8 +13,10 @@ training goes on at its epoch and batch. With the data and draws seeded by posit
 (odsgd/training/data.py) and nothing between steps changing a worker's weights (the epoch's
 evaluation reads W into a copy: imperative.GlobalModel), the resumed run is the interrupted
 one from there on: bit for bit with dist_odsgd and dist_sync. dist_async's workers push in an
-order set by timing, so its resumed run is a run from the same weights and states, not a
-replay.
+order set by timing, so its resumed run is a run from the same weights, states and step, not a
+replay. The stores: dist_odsgd's own checkpoints (odsgd/checkpoint.py), MXNet's dist_sync,
+dist_async and local stores through odsgd/mxnet_store_checkpoint.py, whose Trainer is prepared
+before its first step (`prepare`, or resume_or_start).
 """
 import collections
 import logging
@@ -23,8 +25,8 @@ import signal
 
 import odsgd
 
-from .. import checkpoint_index
-from . import epoch_saves, options, store
+from .. import checkpoint_index, mxnet_store_checkpoint
+from . import epoch_saves
 
 LOG = logging.getLogger("odsgd.training")
 
@@ -85,6 +87,14 @@ def check_same_run(found, run):
                            "; ".join(differ)))
 
 
+def prepare(trainer):
+    """Before the first step of a run that does not resume (--resume auto does this itself):
+    a Trainer on one of MXNet's stores has its servers keep the optimizer's states where a
+    checkpoint can save them (odsgd/mxnet_store_checkpoint.py; the training is the same)."""
+    if mxnet_store_checkpoint.is_mxnet_store(mxnet_store_checkpoint.store_name(trainer)):
+        mxnet_store_checkpoint.prepare(trainer)
+
+
 def resume(run, trainer):
     """--resume auto: loads run.resume_point (every worker, before the first step) and returns
     the Position to go on from, or the start where --save-dir holds no whole checkpoint."""
@@ -122,7 +132,6 @@ class Saves(object):
         self.stop_step = run.args.stop_after_steps
         first_attempt = os.environ.get("ODSGD_RESTART_COUNT", "0") in ("", "0")
         self.fail_step = run.args.fail_after_steps if first_attempt and run.rank == 0 else 0
-        self.whole = run.args.kvstore in options.WHOLE_CHECKPOINT_STORES
 
     def after_step(self, epoch, batches_done):
         """After a step that ends batch `batches_done` of `epoch` (train_epoch's after_step):
@@ -143,10 +152,7 @@ class Saves(object):
         if epoch_saves.due(epoch + 1, args.num_epochs, args.save_frequency):
             if self.model is not None:
                 self.model.save(epoch_saves.params_path(self.run.prefix, epoch + 1))
-            if self.whole:
-                self.save(epoch, self.run.steps)
-            else:
-                self.save_states(epoch + 1)
+            self.save(epoch, self.run.steps)
         elif self.every and step % self.every == 0:
             self.save(epoch, self.run.steps)
         return self._stop_here(step)
@@ -162,15 +168,6 @@ class Saves(object):
             LOG.info("stopped after global step %d (--stop-after-steps)", step)
             return True
         return False
-
-    def save_states(self, epochs_done):
-        """Where whole checkpoints are not saved: every worker's states file beside
-        PREFIX-EEEE.params, where the store can save states (local stores), for
-        --resume-states."""
-        if store.can_save_states(self.run.kv):
-            path = epoch_saves.states_path(self.run.prefix, epochs_done, self.run.rank)
-            self.trainer.save_states(path)
-            LOG.info("saved %s", path)
 
     def save(self, epoch, batches_done):
         """A whole checkpoint after `batches_done` batches of `epoch` (every worker)."""

@@ -329,6 +329,7 @@ def start(run, trainer):
     args = run.args
     if args.resume == "auto":
         return checkpoints.resume(run, trainer)
+    checkpoints.prepare(trainer)
     if args.resume_states:
         epoch_saves.load_trainer_states(trainer, args.resume_states, run.rank)
     return checkpoints.Position(args.resume_epoch, 0, [])

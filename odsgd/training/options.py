@@ -12,10 +12,6 @@ import os
 KVSTORES = ("local", "device", "dist_sync", "dist_async", "dist_odsgd")
 #: --save-dir when neither the flag nor the launcher's ODSGD_CHECKPOINT_DIR gives one
 DEFAULT_SAVE_DIR = "params"
-#: the stores whose Trainer odsgd.save_checkpoint / resume_or_start take, so that the scripts
-#: save whole checkpoints (--save-every-steps, --resume auto); the others save the global
-#: weights (and, local stores, their states) at epoch ends as before
-WHOLE_CHECKPOINT_STORES = ("dist_odsgd",)
 MODES = ("imperative", "symbolic")
 
 
@@ -137,8 +133,8 @@ def _add_run_flags(group):
 def _add_checkpoint_flags(group):
     group.add_argument("--save-frequency", type=int, default=10,
                        help="epochs between epoch saves (the last epoch is always saved; "
-                       "0: only the last): PREFIX-EEEE.params, the global weights, and, in "
-                       "imperative mode with a kvstore of --resume auto, a whole checkpoint")
+                       "0: only the last): PREFIX-EEEE.params, the global weights, and in "
+                       "imperative mode a whole checkpoint that --resume auto goes on from")
     group.add_argument("--save-every-steps", type=int, default=0, metavar="K",
                        help="also save a whole checkpoint every K global steps, mid-epoch "
                        "too (imperative mode; not with --use-rec, whose ImageRecordIter "
@@ -146,13 +142,13 @@ def _add_checkpoint_flags(group):
                        "saves at epoch ends only); 0: epoch saves only")
     group.add_argument("--resume", choices=("auto",), default=None,
                        help="auto: resume from the newest whole checkpoint in --save-dir, "
-                       "else start fresh (logged). Imperative mode (kvstore %s): exact, the "
-                       "run goes on batch for batch as the interrupted one would have, from "
-                       "the checkpoint's step (bit for bit for every store but dist_async, "
-                       "whose workers' pushes interleave by timing: it resumes the weights "
-                       "and states only). --use-rec and --mode symbolic resume at epoch "
-                       "boundaries (symbolic: from the epoch saves, each worker from the "
-                       "global weights)" % " or ".join(WHOLE_CHECKPOINT_STORES))
+                       "else start fresh (logged). Imperative mode: the run goes on batch for "
+                       "batch as the interrupted one would have, from the checkpoint's step, "
+                       "bit for bit with dist_odsgd, dist_sync and local stores; dist_async "
+                       "resumes its weights, states and step, but its workers' pushes "
+                       "interleave by timing, so it never replays the interrupted run. "
+                       "--use-rec and --mode symbolic resume at epoch boundaries (symbolic: "
+                       "from the epoch saves, each worker from the global weights)")
     group.add_argument("--keep-checkpoints", type=int, default=0, metavar="N",
                        help="keep the newest N whole checkpoints of this run, removing older "
                        "ones after each save (rank 0); 0: keep all. PREFIX-EEEE.params stay")
@@ -172,10 +168,11 @@ def _add_checkpoint_flags(group):
     group.add_argument("--resume-params", default="",
                        help="parameters to start from (a checkpoint of this script)")
     group.add_argument("--resume-states", default="",
-                       help="rank 0's states file of the checkpoint (PREFIX-EEEE.states, "
-                       "or a whole checkpoint's PREFIX-stepNNNNNNNNN-worker0.states); "
-                       "every worker loads its own (local and dist_odsgd stores; MXNet "
-                       "cannot save dist_sync's or dist_async's)")
+                       help="rank 0's states file: PREFIX-EEEE.states of a symbolic epoch "
+                       "save, or a dist_odsgd whole checkpoint's "
+                       "PREFIX-stepNNNNNNNNN-worker0.states; every worker loads its own "
+                       "(local and dist_odsgd stores; MXNet cannot save dist_sync's or "
+                       "dist_async's: --resume auto resumes those)")
     group.add_argument("--resume-epoch", type=int, default=0,
                        help="epochs already done: training goes on with the next one and "
                        "the schedule continues from there")
@@ -254,12 +251,6 @@ def check_checkpoint_flags(args):
                          "ImageRecordIter cannot start mid-epoch, so a mid-epoch checkpoint "
                          "could not be resumed; save at epoch ends (--save-frequency) or "
                          "read the image folder (--data-dir)")
-    if args.mode == "imperative" and (args.save_every_steps or args.resume) and \
-            args.kvstore not in WHOLE_CHECKPOINT_STORES:
-        raise ValueError("--save-every-steps and --resume auto need whole checkpoints, which "
-                         "odsgd.save_checkpoint saves for --kvstore %s, not %s; save at epoch "
-                         "ends (--save-frequency) and resume with --resume-params"
-                         % (" or ".join(WHOLE_CHECKPOINT_STORES), args.kvstore))
     legacy = [flag for flag, value in (("--resume-params", args.resume_params),
                                        ("--resume-states", args.resume_states),
                                        ("--resume-epoch", args.resume_epoch)) if value]
