@@ -3,8 +3,8 @@
 
 Imperative mode: PREFIX-EEEE.params (the global weights, from rank 0: the model a user loads)
 and a whole checkpoint of every worker and the servers (odsgd/training/checkpoints.py), which
---resume auto resumes exactly. Its PREFIX-stepNNNNNNNNN-worker0.states also serves as
---resume-states (each worker then loads its own -worker<r>.states).
+--resume auto resumes exactly. A dist_odsgd checkpoint's PREFIX-stepNNNNNNNNN-worker0.states
+also serves as --resume-states (each worker then loads its own -worker<r>.states).
 
 Symbolic mode (Module.fit): MXNet's PREFIX-symbol.json and PREFIX-EEEE.params
 (`Module.save_checkpoint`'s format, the global weights), from rank 0. Where the store can save
