@@ -12,7 +12,8 @@ the history of the epochs done.
 training goes on at its epoch and batch. With the data and draws seeded by position
 (odsgd/training/data.py) and nothing between steps changing a worker's weights (the epoch's
 evaluation reads W into a copy: imperative.GlobalModel), the resumed run is the interrupted
-one from there on: bit for bit with dist_odsgd and dist_sync. dist_async's workers push in an
+one from there on: bit for bit with dist_odsgd, dist_sync and local stores (every worker's
+w^i and W, tests/test_script_resume.py). dist_async's workers push in an
 order set by timing, so its resumed run is a run from the same weights, states and step, not a
 replay. The stores: dist_odsgd's own checkpoints (odsgd/checkpoint.py), MXNet's dist_sync,
 dist_async and local stores through odsgd/mxnet_store_checkpoint.py, whose Trainer is prepared
