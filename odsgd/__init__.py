@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 
 _PUBLIC = {"DistODSGD": "kvstore", "StoreType": "kvstore", "load_global_weights": "kvstore",
            "equal_steps": "kvstore", "save_checkpoint": "checkpoint",
-           "load_checkpoint": "checkpoint", "resume_or_start": "checkpoint", "ODSGDConfig": "config",
+           "load_checkpoint": "checkpoint", "resume_or_start": "checkpoint", "prepare_checkpoints": "checkpoint", "ODSGDConfig": "config",
            "LocalUpdater": "local_update", "ServerOptimizer": "server_updater"}
 #: what works without MXNet (the launcher reads checkpoint folders with it)
 _WITHOUT_MXNET = {"latest_checkpoint": "checkpoint_index", "Checkpoint": "checkpoint_index"}
@@ -100,5 +100,6 @@ if MXNET_INSTALLED and os.environ.get("DMLC_ROLE") not in ("server", "scheduler"
     from .kvstore import DistODSGD, StoreType, equal_steps, load_global_weights  # noqa: F401,E402
     from . import trainer_hook
     trainer_hook.install()
-    from .checkpoint import load_checkpoint, resume_or_start, save_checkpoint  # noqa: F401,E402
+    from .checkpoint import (load_checkpoint, prepare_checkpoints,  # noqa: F401,E402
+                             resume_or_start, save_checkpoint)
     from .checkpoint_index import latest_checkpoint  # noqa: F401,E402

@@ -119,6 +119,14 @@ def _worker_states(prefix, kv):
     return saved
 
 
+def prepare_checkpoints(trainer):
+    """Makes a gluon.Trainer on one of MXNet's own stores (dist_sync, dist_async, local)
+    checkpointable with save_checkpoint, before its first step (resume_or_start does it too);
+    nothing to do for dist_odsgd."""
+    if not _store(trainer, "prepare_checkpoints"):
+        mxnet_store_checkpoint.prepare(trainer)
+
+
 def resume_or_start(trainer, directory):
     """Loads the newest whole checkpoint in `directory` (odsgd.latest_checkpoint) into a
     gluon.Trainer that trains with dist_odsgd, as load_checkpoint does, and returns the global
@@ -126,8 +134,7 @@ def resume_or_start(trainer, directory):
     Call it on every worker after the parameters are initialised and before the first
     trainer.step; every worker must see the same folder (a file system they share)."""
     odsgd_store = _store(trainer, "resume_or_start")
-    if not odsgd_store:
-        mxnet_store_checkpoint.prepare(trainer)
+    prepare_checkpoints(trainer)
     latest = checkpoint_index.latest_checkpoint(directory)
     if latest is None:
         return 0

@@ -56,10 +56,10 @@ def prepare(trainer):
     """Makes `trainer`'s servers keep states that a checkpoint can save (see the module's
     docstring); before its first step."""
     if trainer._kv_initialized and not getattr(trainer, "_odsgd_checkpointed", False):
-        raise ValueError("odsgd.resume_or_start must come before the first trainer.step with "
-                         "kvstore=%r: the servers keep the optimizer's states where a "
-                         "checkpoint can save them only when told before the first step"
-                         % store_name(trainer))
+        raise ValueError("odsgd.resume_or_start (or prepare_checkpoints) must come before the "
+                         "first trainer.step with kvstore=%r: a checkpoint counts the steps "
+                         "from there, and a dist store's servers keep the optimizer's states "
+                         "where it can save them only when told before" % store_name(trainer))
     trainer._odsgd_checkpointed = True
     trainer._odsgd_steps = getattr(trainer, "_odsgd_steps", 0)
 
@@ -93,13 +93,18 @@ def counted_step(trainer):
 def _check_prepared(trainer, what):
     if not getattr(trainer, "_odsgd_checkpointed", False):
         raise ValueError("%s with kvstore=%r needs odsgd.resume_or_start(trainer, directory) "
-                         "before the first trainer.step: it makes the servers keep states "
-                         "that a checkpoint can save" % (what, store_name(trainer)))
+                         "(or odsgd.prepare_checkpoints(trainer)) before the first "
+                         "trainer.step: a checkpoint counts the steps from there, and a dist "
+                         "store's servers keep their states where it can save them only when "
+                         "told before" % (what, store_name(trainer)))
 
 
 def save(trainer, prefix, extra=None):
     """odsgd.save_checkpoint for a prepared Trainer on one of MXNet's stores. Returns the files
     this worker wrote."""
+    if not trainer._kv_initialized or trainer._params_to_init:
+        raise ValueError("save_checkpoint before the first trainer.step: there is nothing to "
+                         "save yet")
     _check_prepared(trainer, "save_checkpoint")
     kv, name = trainer._kvstore, store_name(trainer)
     distributed = kv is not None and "dist" in kv.type

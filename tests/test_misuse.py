@@ -243,10 +243,24 @@ def test_checkpoint_calls_refuse_what_they_cannot_resume(clean_environment, tmp_
     with pytest.raises(TypeError, match="load_checkpoint needs a gluon.Trainer"):
         odsgd.load_checkpoint(net, str(tmp_path / "ckpt"))
     local = mx.gluon.Trainer(net.collect_params(), "sgd", kvstore="device")
-    with pytest.raises(ValueError, match="kvstore='dist_odsgd'; this one has kvstore='device'"):
+    # MXNet's own stores are checkpointed too (odsgd/mxnet_store_checkpoint.py): a prefix with
+    # nothing saved is refused by name
+    with pytest.raises(ValueError, match="ckpt-worker0.states is missing: no checkpoint of this "
+                                         "worker at prefix"):
         odsgd.load_checkpoint(local, str(tmp_path / "ckpt"))
+    local = mx.gluon.Trainer(net.collect_params(), "sgd", kvstore="device")
     with pytest.raises(ValueError, match="save_checkpoint before the first trainer.step"):
         odsgd.save_checkpoint(local, str(tmp_path / "ckpt"))
     with pytest.raises(ValueError, match="equal_steps needs a Trainer or Module that trains "
                                          "with kvstore='dist_odsgd'"):
         odsgd.equal_steps(local, 3)
+    with mx.autograd.record():
+        loss = net(mx.nd.ones((2, 5))).sum()
+    loss.backward()
+    local.step(2)   # a step without odsgd.resume_or_start before it
+    with pytest.raises(ValueError, match="save_checkpoint with kvstore='local' needs "
+                                         r"odsgd.resume_or_start\(trainer, directory\)"):
+        odsgd.save_checkpoint(local, str(tmp_path / "ckpt"))
+    with pytest.raises(ValueError, match=r"resume_or_start \(or prepare_checkpoints\) must come "
+                                         "before the first trainer.step with kvstore='local'"):
+        odsgd.resume_or_start(local, str(tmp_path))

@@ -448,3 +448,67 @@ def test_symbolic_resumes_at_the_newest_whole_epoch_save(tmp_path):
     train("--num-epochs", 3, "--resume", "auto", "--json", save / "resumed.json")
     assert [h["epoch"] for h in read_results(save / "resumed.json")["history"]] == [2, 3]
     assert "epoch 1's save in %s" % save in (save / "train_mnist.log").read_text()
+
+
+def _launch_reading(command, env):
+    """The launcher started in a session of its own, its lines collected by a thread."""
+    import threading
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env=env, cwd=REPO, start_new_session=True, text=True)
+    lines = []
+
+    def read():
+        for line in launcher.stdout:
+            lines.append(line)
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return launcher, lines, reader
+
+
+@pytest.mark.timeout(480)
+def test_mnist_restarted_after_the_server_is_killed(tmp_path):
+    """The server (not a worker) killed with SIGKILL mid-epoch, once a checkpoint of step 20
+    or later is whole: `odsgd.launch --max-restarts 1` starts the job again, --resume auto goes
+    on from the newest whole checkpoint, the launcher exits 0 and the final checkpoint's w^0,
+    w^1 and W are the uninterrupted run's, bit for bit."""
+    import re
+    import time
+    flags = ["--digits", "--model", "mlp", "--batch-size", 32, "--lr", 0.1, "--num-epochs", 2,
+             "--kvstore", "dist_odsgd", "--save-every-steps", 5, "--log-interval", 5,
+             "--warmup-steps", 10]
+    whole, restarted = tmp_path / "uninterrupted", tmp_path / "restarted"
+    run_job(script("train_mnist.py"), flags + ["--save-dir", whole], timeout=150)
+    command = [sys.executable, "-m", "odsgd.launch", "--max-restarts", "1", "--checkpoint-dir",
+               str(restarted), "--job-timeout", "200", "-n", "2", "-s", "1", "--launcher",
+               "local", sys.executable, script("train_mnist.py")] + \
+        [str(a) for a in flags + ["--resume", "auto"]]
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    launcher, lines, reader = _launch_reading(command, env)
+    try:
+        deadline = time.time() + 200
+        while time.time() < deadline:
+            latest = checkpoint_index.latest_checkpoint(str(restarted))
+            if latest is not None and latest.step >= 20:
+                break
+            time.sleep(0.05)
+        servers = [int(m.group(1)) for m in (re.search(r"started server 0 \(pid (\d+)\)", line)
+                                               for line in list(lines)) if m]
+        assert servers and latest is not None and latest.step >= 20, "".join(lines)[-4000:]
+        killed_at = latest.step
+        os.kill(servers[0], signal.SIGKILL)
+        code = launcher.wait(timeout=420)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+        reader.join(timeout=10)
+    output = "".join(lines)
+    assert code == 0, output[-6000:]
+    assert re.search(r"attempt 1 of 2 ended: server 0 \(pid %d\) was killed by signal 9"
+                     % servers[0], output), output[-6000:]
+    resumed = int(re.search(r"restarting \(resumes from .*, step (\d+)\)", output).group(1))
+    assert resumed >= killed_at
+    for got, expected in zip(final_files(restarted, "mnist-mlp", 44, 2),
+                             final_files(whole, "mnist-mlp", 44, 2)):
+        assert_bitwise_equal(got, expected)

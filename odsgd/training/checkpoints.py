@@ -26,7 +26,7 @@ import signal
 
 import odsgd
 
-from .. import checkpoint_index, mxnet_store_checkpoint
+from .. import checkpoint_index
 from . import epoch_saves
 
 LOG = logging.getLogger("odsgd.training")
@@ -92,8 +92,7 @@ def prepare(trainer):
     """Before the first step of a run that does not resume (--resume auto does this itself):
     a Trainer on one of MXNet's stores has its servers keep the optimizer's states where a
     checkpoint can save them (odsgd/mxnet_store_checkpoint.py; the training is the same)."""
-    if mxnet_store_checkpoint.is_mxnet_store(mxnet_store_checkpoint.store_name(trainer)):
-        mxnet_store_checkpoint.prepare(trainer)
+    odsgd.prepare_checkpoints(trainer)
 
 
 def resume(run, trainer):
