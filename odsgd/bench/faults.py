@@ -1,49 +1,45 @@
 """`python -m odsgd.bench faults`: the fault sweep of docs/reliability.md, on emulated hosts.
 
-    python -m odsgd.bench faults [--mbit 20] [--faults ...] [--points ...] [--json FILE]
+    python -m odsgd.bench faults [--faults ...] [--points ...] [--json FILE]
 
-Each of four faults (a worker killed, the server killed, a worker host's link down, Ctrl-C
-to the launcher) is aimed at each of three points of a step (before the push, with the step's
-rounds in flight, during a save) of odsgd/bench/fault_sweep_job.py: 2 workers and 1 server on
-three emulated hosts (odsgd.emulate, root and sshd; the scheduler and the server on host 0,
-a worker on each of hosts 1 and 2, every NIC shaped to --mbit), started by odsgd.launch's ssh
-launcher. For each it measures the launcher's exit code, the seconds from the fault to the
-launcher's exit, the launcher's reason, the processes and namespaces left, and then resumes
-from the last checkpoint that every worker finished saving, in a new job, to the last step:
-its weights (each worker's own and the global ones) against an uninterrupted job's. A save
-that the fault cut short is loaded too, in a job of its own, to see that it is refused.
+Every case runs the job odsgd/bench/fault_sweep_job.py under `odsgd.launch --max-restarts N`:
+2 workers and 1 server on three emulated hosts (odsgd.emulate, root and sshd; the launcher,
+the scheduler and the server on host 0, a worker on each of hosts 1 and 2, every NIC shaped
+to --mbit), the ssh launcher. The job resumes itself from the newest whole checkpoint of its
+folder. Seven faults (odsgd/bench/fault_cases.py: a worker, the server or the scheduler
+killed, a worker host's link down, Ctrl-C to the launcher, a worker that hangs, a worker's
+ValueError) strike at three points of the first attempt (before the push, rounds in flight,
+during a save) and at three of the attempt restarted after a first fault (workers up before
+the load, during the load, the first step); one more case repeats a fault before the
+restarted attempt saved anything, with --checkpoint-dir, for the launcher to give up. Each
+row: the launcher's exit code, restarts, its words on the attempt, the step resumed from, the
+steps replayed, the seconds from the fault to the first resumed step, what was left, and the
+weights at the end against an uninterrupted job's (odsgd/bench/fault_report.py).
 
-Every job runs in a cluster of its own, torn down after it.
+Every case runs in a cluster of its own, torn down after it.
 """
 import argparse
-import contextlib
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
-import threading
-import time
 import uuid
 
-import numpy as np
+from .. import checkpoint_index, emulate
+from . import fault_cases, fault_report
+from .fault_cases import FAULTS, INJECTED_KIND, POINTS, POINT_NAMES
+from .fault_injection import (Fault, LiveLaunch, namespaces_left, processes_left, promptly,
+                              wait_for_file)
+from .jobs import JobFailed, run_job
 
-from .. import emulate
-from .jobs import REPO, JobFailed, job_environment, launch_command, run_job
-from .jobs import _end as end_launcher
-
-FAULTS = ("worker killed", "server killed", "link down", "ctrl-c")
-POINTS = ("before-push", "in-flight", "save")
-WORKERS, SERVERS = 2, 1
-#: kv.rank of the worker that marks the point: the one killed, whose host is unplugged
+WORKERS, SERVERS = fault_report.WORKERS, 1
+#: kv.rank of the worker that marks the points of the first attempt and of the load and the
+#: first step; the restarted attempt's `up` is marked by the worker on the last host
 TARGET_RANK = 1
-#: the issue's bound on the time from a fault to the launcher's exit
-END_SECONDS = 10.0
-#: the NumPy reference's tolerance (tests/quadratic_simulation.py)
-RTOL, ATOL = 2e-5, 2e-6
 JOB_MODULE = "odsgd.bench.fault_sweep_job"
+RUN_NAME = "fault-job"   # the job's step_prefix name
 
 
 def parse_args(argv=None):
@@ -51,7 +47,9 @@ def parse_args(argv=None):
                                 description=__doc__.splitlines()[0])
     p.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS))
     p.add_argument("--points", nargs="+", choices=POINTS, default=list(POINTS))
-    p.add_argument("--steps", type=int, default=16, help="steps of the uninterrupted job")
+    p.add_argument("--no-give-up", dest="give_up", action="store_false",
+                   help="leave out the case where the launcher gives up")
+    p.add_argument("--steps", type=int, default=16, help="steps of the job")
     p.add_argument("--save-every", type=int, default=4)
     p.add_argument("--fault-step", type=int, default=10,
                    help="the step of the before-push and in-flight points")
@@ -61,12 +59,20 @@ def parse_args(argv=None):
                         "for a while")
     p.add_argument("--part-elements", type=int, default=32768,
                    help="ODSGD_PART_ELEMENTS: the job's big weight travels in parts")
-    p.add_argument("--timeout", type=int, default=240, help="--job-timeout of every job")
+    p.add_argument("--timeout", type=int, default=240,
+                   help="--job-timeout of every attempt (but a hang's)")
+    p.add_argument("--hang-timeout", type=int, default=60,
+                   help="--job-timeout of the hang's cases, which end each attempt: longer "
+                        "than an attempt takes")
+    p.add_argument("--tries", type=int, default=3,
+                   help="runs of a case whose fault missed its point")
     p.add_argument("--json", help="write every measurement here")
     p.add_argument("--keep", help="keep the checkpoints and weights in this folder")
     args = p.parse_args(argv)
-    if args.save_step % args.save_every or args.fault_step % args.save_every == 0:
-        p.error("--save-step must be a save (a multiple of --save-every), --fault-step not")
+    if args.save_step % args.save_every or args.fault_step % args.save_every == 0 or \
+            args.save_step <= args.fault_step:
+        p.error("--save-step must be a save (a multiple of --save-every) after --fault-step, "
+                "--fault-step no save")
     return args
 
 
@@ -80,472 +86,258 @@ class Sweep(object):
 
     def job_args(self, out, tag, *extra):
         os.makedirs(out, exist_ok=True)
-        return [JOB_MODULE, "--steps", self.args.steps, "--out", out, "--tag", tag] + \
-            list(extra)
+        return [JOB_MODULE, "--steps", self.args.steps, "--out", out, "--tag", tag,
+                "--fault-step", self.args.fault_step, "--save-step", self.args.save_step,
+                "--fault-rank", TARGET_RANK] + list(extra)
 
-    def run_on_hosts(self, module_args):
-        """Runs a job to its end on a fresh cluster; returns its output (JobFailed if it
-        fails)."""
-        with emulate.EmulatedCluster(WORKERS + SERVERS, mbit=self.args.mbit) as cluster:
-            return run_job(module_args, WORKERS, SERVERS, timeout=self.args.timeout,
-                           env=self.env, hosts=cluster)
+    def timeout(self, case):
+        return self.args.hang_timeout if case.fault == "hang" else self.args.timeout
 
 
-class LiveLaunch(object):
-    """odsgd.launch started on host 0 of `cluster`; its lines with the time each arrived."""
-
-    def __init__(self, cluster, sweep, module_args):
-        command = launch_command(module_args, WORKERS, SERVERS, sweep.args.timeout,
-                                 hostfile=cluster.hostfile)
-        env = cluster.environment(job_environment(sweep.env))
-        self.process = subprocess.Popen(cluster.on_host(0, command), env=env, cwd=REPO,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True, start_new_session=True)
-        self.lines = []                   # (time it arrived, line)
-        self.changed = threading.Condition()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for line in self.process.stdout:
-            with self.changed:
-                self.lines.append((time.time(), line.rstrip("\n")))
-                self.changed.notify_all()
-        with self.changed:
-            self.changed.notify_all()
-
-    def wait_for(self, pattern, timeout):
-        """(arrival time, match) of the first line matching `pattern`."""
-        regex, deadline = re.compile(pattern), time.time() + timeout
-        with self.changed:
-            while True:
-                for arrived, line in self.lines:
-                    match = regex.search(line)
-                    if match:
-                        return arrived, match
-                if time.time() > deadline or not self.reader.is_alive():
-                    raise JobFailed("no line matching %r:\n%s" % (pattern, self.tail()))
-                self.changed.wait(0.1)
-
-    def matches(self, pattern):
-        regex = re.compile(pattern)
-        with self.changed:
-            return [(t, m) for t, m in ((t, regex.search(line)) for t, line in self.lines)
-                    if m]
-
-    def tail(self, count=40):
-        with self.changed:
-            return "\n".join(line for _, line in self.lines[-count:])
-
-    def end(self):
-        """SIGTERM to the launcher (it ends its job), SIGKILL to its group after 20 s."""
-        end_launcher(self.process)
+def case_job_args(sweep, case, folder, tag, fault_host):
+    """The job's arguments for `case`: its checkpoints, its marks and injected fault."""
+    args = ["--save-every", sweep.args.save_every, "--checkpoints",
+            os.path.join(folder, "checkpoints"), "--fault-host", fault_host]
+    if case.first_fault is not None:
+        args += ["--mark", "%s:0" % case.first_fault[1]]
+    if case.fault in INJECTED_KIND:
+        args += ["--inject", "%s:%s:%d" % (INJECTED_KIND[case.fault], case.point, case.attempt)]
+    elif case.point != "save":   # an outside fault aims at a save by its files
+        args += ["--mark", "%s:%d" % (case.point, case.attempt)]
+    os.makedirs(os.path.join(folder, "checkpoints"))
+    return sweep.job_args(os.path.join(folder, "out"), tag, *args)
 
 
-# -- aiming and injecting -------------------------------------------------------------------
-def target_worker(job, timeout):
-    """(pid, host address) of the worker of kv.rank TARGET_RANK, from its `rank` line."""
-    _, match = job.wait_for(r"^\[worker \d+ on ([\d.]+)\] rank %d pid (\d+)" % TARGET_RANK,
-                            timeout)
-    return int(match.group(2)), match.group(1)
-
-
-#: during a save, the file of the save whose appearance a fault waits for ('': any), and the
-#: file the fault must come before to cut the save (None: any file of a whole save)
-SAVE_TRIGGER = {"worker killed": "worker%d.params" % TARGET_RANK,
-                "link down": "worker%d.params" % TARGET_RANK,
-                "server killed": "worker0.params",   # rank 0 then has the servers save
-                "ctrl-c": ""}
-SAVE_CUT_BEFORE = {"worker killed": "worker%d.states" % TARGET_RANK,
-                   "link down": "worker%d.states" % TARGET_RANK,
-                   "server killed": "worker0.states.server",
-                   "ctrl-c": None}
-
-
-def aim(job, sweep, fault, point, checkpoints, timeout):
-    """Waits until the job is at `point`; returns the time the point was seen: the target
-    worker's line, or for a save the file SAVE_TRIGGER[fault] of the save --save-step."""
-    if point == "save":
-        prefix = os.path.join(checkpoints, "step%d" % sweep.args.save_step)
-        job.wait_for(r"saving %s pid" % re.escape(prefix), timeout)
-        return wait_for_file(prefix + "-" + SAVE_TRIGGER[fault], timeout=30)
-    # only the target worker marks its points
-    seen, _ = job.wait_for(r"fault-point %s step %d pid" % (point, sweep.args.fault_step),
-                           timeout)
-    return seen
-
-
-def wait_for_file(start, timeout):
-    """The time a file whose path starts with `start` appeared (polled every millisecond)."""
-    folder, name = os.path.split(start)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if any(entry.startswith(name) for entry in os.listdir(folder)):
-            return time.time()
-        time.sleep(0.001)
-    raise JobFailed("no file %s* appeared within %d s" % (start, timeout))
-
-
-@contextlib.contextmanager
-def promptly():
-    """Real-time priority for this thread while it aims and strikes (root): on the busy
-    2-core machine a millisecond's sleep of an ordinary thread lasted tens of milliseconds,
-    in which a worker's whole save is over."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
-    except (OSError, AttributeError):
-        pass
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError, AttributeError):
-            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+def files_of(checkpoints, step):
+    """The files of the job's save after `step` (without its prefix), temporaries and the
+    marker included."""
+    prefix = checkpoint_index.step_prefix(checkpoints, RUN_NAME, step)
+    return [path[len(prefix):].lstrip("-")
+            for path in checkpoint_index.checkpoint_files(prefix)]
 
 
 def cut_the_save(fault, files_at_fault, whole_files):
     """Whether a fault during a save came before the save was done where the fault acts:
-    SAVE_CUT_BEFORE[fault] not yet written (for Ctrl-C: not every file of a whole save)."""
-    before = SAVE_CUT_BEFORE[fault]
+    the target's states file not yet written (the servers' states for the server, the
+    marker for the scheduler; for Ctrl-C: not every file of a whole save)."""
+    before = {"server killed": "worker0.states.server", "scheduler killed": ".whole.json",
+              "ctrl-c": None}.get(fault, "worker%d.states" % TARGET_RANK)
     if before is None:
         return not set(whole_files) <= set(files_at_fault)
     return not any(name.startswith(before) for name in files_at_fault)
 
 
-def server_pid(cluster):
-    """The server's pid on host 0 (DMLC_ROLE=server in its environment)."""
-    for pid in cluster.processes(0):
-        try:
-            with open("/proc/%d/environ" % pid, "rb") as f:
-                if b"DMLC_ROLE=server" in f.read().split(b"\0"):
-                    return pid
-        except OSError:
-            continue
-    raise JobFailed("no server process on host 0")
+#: during a save, the file whose appearance an outside fault waits for: the target's weights
+#: (for the server and the scheduler rank 0's, whose save then has the servers write theirs
+#: and the marker written)
+SAVE_TRIGGER = {"server killed": "worker0.params", "scheduler killed": "worker0.params",
+                "ctrl-c": ""}
 
 
-class Fault(object):
-    """One fault, made ready before the point comes, so that `strike` takes effect at once.
-    `worker`: (pid, address) of the target worker; `server`: the server's pid."""
-
-    def __init__(self, fault, cluster, job, worker, server):
-        if fault not in FAULTS:
-            raise ValueError("unknown fault %r" % fault)
-        self.fault, self.job, self.worker, self.server = fault, job, worker, server
-        self.unplug = None
-        if fault == "link down":
-            # `ip -batch -` runs each command as it reads it: started now, it unplugs the
-            # host within a millisecond of `strike`, where starting `ip` then took 5-20 ms
-            # on this busy machine, in which a save of the job is over.
-            host = [h for h in cluster.hosts if h.address == worker[1]][0]
-            self.unplug = subprocess.Popen(["chrt", "-f", "1", "ip", "-n", host.netns,
-                                            "-batch", "-"], stdin=subprocess.PIPE, text=True)
-            self.command = "link set %s down\n" % host.interface
-
-    def strike(self):
-        """Makes the fault happen; returns the time it did."""
-        struck = time.time()
-        if self.fault == "worker killed":
-            os.kill(self.worker[0], signal.SIGKILL)
-        elif self.fault == "server killed":
-            os.kill(self.server, signal.SIGKILL)
-        elif self.fault == "link down":
-            self.unplug.stdin.write(self.command)
-            self.unplug.stdin.flush()
-        else:   # a terminal's Ctrl-C: SIGINT to the foreground process group
-            os.killpg(self.job.process.pid, signal.SIGINT)
-        return struck
-
-    def close(self):
-        """Ends the `ip` made ready (it sits in the host's namespace, where it would count
-        as a process left)."""
-        if self.unplug is not None:
-            self.unplug.stdin.close()
-            try:
-                self.unplug.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.unplug.kill()
-                self.unplug.wait()
-
-
-# -- what a fault left ----------------------------------------------------------------------
-def tagged_processes(tag):
-    """Pids of the processes of this machine whose command line holds `tag`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                with open("/proc/%s/cmdline" % entry, "rb") as f:
-                    if tag.encode() in f.read():
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
-
-
-def processes_left(cluster, tag, settle=1.0, grace=10.0):
-    """The job's processes `settle` seconds after the launcher exited: its tag in their
-    command line, or on a host (its sshd daemon excepted). Any still there `grace` seconds
-    later are killed (by pid). Returns {after_exit: how many, gone_after: seconds after the
-    exit until none was left (None: never), killed: how many had to be}."""
-    time.sleep(settle)
-    first = left = _job_processes(cluster, tag)
-    started = time.time()
-    while left and time.time() - started < grace:
-        time.sleep(0.2)
-        left = _job_processes(cluster, tag)
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    gone_after = None if left else round(settle + (time.time() - started if first else 0), 1)
-    return {"after_exit": len(first), "gone_after": gone_after, "killed": len(left)}
-
-
-def _job_processes(cluster, tag):
-    pids = set(tagged_processes(tag))
-    for host in cluster.hosts:
-        pids.update(cluster.processes(host.index))
-    return sorted(pids)
-
-
-def namespaces_left(cluster):
-    """Namespaces and folders of `cluster` still there (after its teardown)."""
-    return [entry for entry in emulate.leftovers() if cluster.tag in entry]
-
-
-def launcher_reason(job):
-    """The launcher's reason for ending the job and what it says it ended."""
-    found = job.matches(r"ERROR odsgd\.launch: (.+?); ended the job(.*)$")
-    if not found:
-        return None, None
-    match = found[-1][1]
-    return match.group(1), match.group(2).strip()
-
-
-# -- checkpoints ----------------------------------------------------------------------------
-def saves(job, checkpoints):
-    """(the steps whose save every worker finished, odsgd.save_checkpoint having returned;
-    the steps whose save was started and not finished)."""
-    started = {int(m.group(1)) for _, m in job.matches(
-        r"saving %s/step(\d+) pid" % re.escape(checkpoints))}
-    finished = [int(m.group(1)) for _, m in job.matches(
-        r"\] saved %s/step(\d+)$" % re.escape(checkpoints))]
-    whole = sorted(step for step in set(finished) if finished.count(step) == WORKERS)
-    return whole, sorted(started - set(whole))
-
-
-def files_of(checkpoints, step):
-    """The files of the save after `step` (without the prefix), temporary ones included."""
-    prefix = "step%d-" % step
-    return sorted(f[len(prefix):] for f in os.listdir(checkpoints) if f.startswith(prefix))
-
-
-# -- one fault, the resume, the comparison --------------------------------------------------
-def run_fault(sweep, fault, point, tries=3):
-    """The job with `fault` at `point`: what the launcher did and what was left. A fault
-    during a save that came after the save was done where it acts (cut_the_save) missed its
-    point: the job is run again, up to `tries` times in all."""
-    for attempt in range(1, tries + 1):
-        row = _attempt(sweep, fault, point, "%s_%s%s" % (
-            fault.replace(" ", "_"), point, "_try%d" % attempt if attempt > 1 else ""))
-        row["attempts"] = attempt
-        if point != "save":
-            return row
-        whole = [f for f in files_of(row["checkpoints"], sweep.args.save_step -
-                                     sweep.args.save_every) if not f.endswith(".tmp")]
-        row["cut_the_save"] = cut_the_save(fault, row["files_at_fault"], whole)
-        if row["cut_the_save"]:
-            return row
+# -- one case -------------------------------------------------------------------------------
+def run_case(sweep, case, reference):
+    """`case` run (again where its fault missed its point, up to --tries in all): its row."""
+    for attempt in range(1, sweep.args.tries + 1):
+        name = case.name + ("_try%d" % attempt if attempt > 1 else "")
+        row = _run_once(sweep, case, os.path.join(sweep.folder, name))
+        row["tries"] = attempt
+        if not row["missed"]:
+            break
+    row["comparison"] = fault_report.compare(os.path.join(row["case"], "out"), reference)
     return row
 
 
-def _attempt(sweep, fault, point, name):
-    case = os.path.join(sweep.folder, name)
-    checkpoints = os.path.join(case, "checkpoints")
-    os.makedirs(checkpoints)
+def _run_once(sweep, case, folder):
     tag = "odsgd-faults-%s" % uuid.uuid4().hex
-    module_args = sweep.job_args(case, tag, "--save-every", sweep.args.save_every,
-                                 "--checkpoints", checkpoints, "--fault-step",
-                                 sweep.args.fault_step, "--fault-rank", TARGET_RANK,
-                                 "--fault-point", point if point != "save" else "none")
-    row = {"fault": fault, "point": point, "case": case}
+    checkpoints = os.path.join(folder, "checkpoints")
+    restart_options = ["--max-restarts", case.max_restarts]
+    if case.checkpoint_dir:
+        restart_options += ["--checkpoint-dir", checkpoints]
+    row = dict(case._asdict(), case=folder, attempt=case.attempt,
+               restarts_expected=case.restarts_expected)
+    prepared = []   # the faults made ready: closed once the launcher has exited
     with emulate.EmulatedCluster(WORKERS + SERVERS, mbit=sweep.args.mbit) as cluster:
-        job = LiveLaunch(cluster, sweep, module_args)
+        module_args = case_job_args(sweep, case, folder, tag, cluster.hosts[-1].address)
+        job = LiveLaunch(cluster, module_args, WORKERS, SERVERS, sweep.timeout(case),
+                         sweep.env, restart_options)
+        ends = AttemptEnds(job, checkpoints, sweep.args.save_step)
         try:
-            row.update(_inject_and_wait(sweep, fault, point, cluster, job, checkpoints))
+            row.update(_faults_and_exit(sweep, case, cluster, job, checkpoints, prepared))
         finally:
             job.end()
+            for fault in prepared:
+                fault.close()
         row["processes"] = processes_left(cluster, tag)
     row["namespaces"] = namespaces_left(cluster)
-    row["reason"], row["ended"] = launcher_reason(job)
-    row["whole_saves"], row["cut_saves"] = saves(job, checkpoints)
-    row["cut_save_files"] = {step: files_of(checkpoints, step) for step in row["cut_saves"]}
-    row["rounds_done_before_fault"] = any(
-        arrived < row["fault_at"] for arrived, _ in job.matches(r"rounds of step \d+ done"))
-    row["checkpoints"] = checkpoints
+    lines = job.snapshot()
+    with open(os.path.join(folder, "launcher.log"), "w") as log:   # to read a row's story
+        log.writelines("%.3f %s\n" % line for line in lines)
+    row.update(fault_report.measure(lines, row["fault_at"]))
+    row["missed"] = missed(sweep, case, row, lines)
+    row["at_attempt_ends"] = ends.found
+    if case.point == "save":
+        end = ends.found.get(case.attempt, {})
+        row["cut_save"] = {"step": sweep.args.save_step, "files_at_fault": row["files_at_fault"],
+                           "files_at_end": end.get("files", []),
+                           "latest_at_end": end.get("latest")}
     return row
 
 
-def _inject_and_wait(sweep, fault, point, cluster, job, checkpoints, end_timeout=60):
-    timeout = sweep.args.timeout
-    prepared = Fault(fault, cluster, job, target_worker(job, timeout), server_pid(cluster))
-    try:
-        with promptly():
-            seen = aim(job, sweep, fault, point, checkpoints, timeout)
-            fault_at = prepared.strike()
-            files = files_of(checkpoints, sweep.args.save_step) if point == "save" else None
-    finally:
-        prepared.close()
-    try:
-        code = job.process.wait(timeout=end_timeout)
-    except subprocess.TimeoutExpired:
-        code = None   # still running: ended by job.end()
-    seconds = time.time() - fault_at if code is not None else None
-    return {"exit_code": code, "seconds": seconds, "fault_at": fault_at,
-            "aim_to_fault": fault_at - seen, "files_at_fault": files}
+class AttemptEnds(object):
+    """At each attempt's end (the launcher's line): the newest whole checkpoint and the files
+    of the save after --save-step, before a restarted attempt saves there again."""
+
+    def __init__(self, job, checkpoints, save_step):
+        self.checkpoints, self.save_step = checkpoints, save_step
+        self.found = {}
+        job.on_line.append(self.look)
+
+    def look(self, _arrived, line):
+        ended = fault_report.ATTEMPT_ENDED.search(line)
+        if ended:
+            latest = checkpoint_index.latest_checkpoint(self.checkpoints)
+            self.found[int(ended.group(1)) - 1] = {
+                "latest": None if latest is None else latest.step,
+                "files": files_of(self.checkpoints, self.save_step)}
 
 
-def resume(sweep, prefix, first_step, out):
-    """A new job loads `prefix` (saved after step `first_step`) and runs to the last step,
-    writing its weights to `out`; returns None, or the error that ended it."""
-    module_args = sweep.job_args(out, "odsgd-faults-%s" % uuid.uuid4().hex, "--resume",
-                                 prefix, "--first-step", first_step)
-    try:
-        sweep.run_on_hosts(module_args)
-    except JobFailed as failure:
-        return error_of(str(failure)).replace(sweep.folder + os.sep, "")
-    return None
-
-
-def error_of(output):
-    """The last exception of a failed job's output, in one line (else its last line)."""
-    lines = [line.strip() for line in output.strip().splitlines()]
-    found = [i for i, line in enumerate(lines)
-             if re.search(r"\b[\w.]*(?:Error|Exception): ", line)]
-    if not found:
-        return lines[-1] if lines else ""
-    line = lines[found[-1]]
-    if line.endswith("Traceback (most recent call last):"):
-        # MXNet's errors give their message after the C++ source line
-        message = [text for text in lines[found[-1] + 1:found[-1] + 4]
-                   if text and not text.startswith("File ")]
-        return "%s %s" % (line.split(": ")[0], message[0]) if message else line
-    return line
-
-
-def compare(out, reference):
-    """How far the weights in `out` (every worker's own and the global ones) are from
-    `reference`'s: the largest max|a - b| / max|b| over the arrays, and whether every array
-    is within the NumPy reference's tolerance (RTOL, ATOL)."""
-    worst, close = 0.0, True
-    for rank in range(WORKERS):
-        name = "rank%d.npz" % rank
-        with np.load(os.path.join(out, name)) as got, \
-                np.load(os.path.join(reference, name)) as want:
-            for key in want.files:
-                a, b = got[key], want[key]
-                worst = max(worst, float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)))
-                close = close and np.allclose(a, b, rtol=RTOL, atol=ATOL)
-    return {"equal": bool(close), "max_relative_difference": worst}
-
-
-def resume_row(sweep, row, reference):
-    """Resumes `row`'s job from its last whole save and compares; loads its cut save too."""
+def _faults_and_exit(sweep, case, cluster, job, checkpoints, prepared):
+    """Strikes the first fault (if any) and the case's own; waits for the launcher's exit."""
     found = {}
-    if row["whole_saves"]:
-        step = row["whole_saves"][-1]
-        out = os.path.join(row["case"], "resumed")
-        error = resume(sweep, os.path.join(row["checkpoints"], "step%d" % step), step, out)
-        found["resumed_from"] = step
-        found["resume"] = {"error": error} if error else compare(out, reference)
-    for step in row["cut_saves"]:
-        out = os.path.join(row["case"], "cut_step%d" % step)
-        error = resume(sweep, os.path.join(row["checkpoints"], "step%d" % step), step, out)
-        found.setdefault("cut_save_loads", {})[step] = \
-            {"error": error} if error else compare(out, reference)
+    if case.first_fault is not None:
+        first = strike_at(sweep, case.first_fault, 0, cluster, job, checkpoints, prepared)
+        found["first_fault_at"] = first["fault_at"]
+    found.update(strike_at(sweep, (case.fault, case.point), case.attempt, cluster, job,
+                           checkpoints, prepared, after=found.get("first_fault_at", 0.0)))
+    try:
+        found["exit_code"] = job.process.wait(
+            timeout=(case.max_restarts + 1) * (sweep.timeout(case) + 60))
+    except subprocess.TimeoutExpired:   # still running: ended by job.end()
+        found["exit_code"] = None
     return found
 
 
+def strike_at(sweep, fault_point, attempt, cluster, job, checkpoints, prepared, after=0.0):
+    """Waits until attempt `attempt` of the job is at the point and makes the fault there
+    (an inside fault: sees the job make it). Returns {fault_at, aim_to_fault, target_pid,
+    files_at_fault (a save)}."""
+    fault, point = fault_point
+    limit = sweep.timeout(fault_cases.case(fault, point)) + 120
+    job.wait_for(r"odsgd\.launch: attempt %d of \d+ started" % (attempt + 1), limit,
+                 after=after)
+    if fault in INJECTED_KIND:
+        seen, match = job.wait_for(_point_line(point, attempt), limit, after=after)
+        return {"fault_at": seen, "aim_to_fault": 0.0, "target_pid": int(match.group(3)),
+                "files_at_fault": _save_files(sweep, point, checkpoints)}
+    ready = Fault(fault, cluster, job, attempt, cluster.hosts[1:])
+    prepared.append(ready)
+    with promptly():
+        if point == "save":
+            seen, pid, address = _aim_at_save(sweep, fault, attempt, job, checkpoints, limit)
+        else:
+            seen, match = job.wait_for(_point_line(point, attempt), limit, after=after)
+            pid, address = int(match.group(3)), match.group(1)
+        fault_at = ready.strike(pid, address)
+        files = _save_files(sweep, point, checkpoints)
+    return {"fault_at": fault_at, "aim_to_fault": fault_at - seen, "target_pid": pid,
+            "files_at_fault": files}
+
+
+def _point_line(point, attempt):
+    """The job's line at `point` of `attempt`: groups (host, step, pid)."""
+    return (r"^\[worker \d+ on ([\d.]+)\] fault-point %s attempt %d( step \d+)? pid (\d+)"
+            % (point, attempt))
+
+
+def _aim_at_save(sweep, fault, attempt, job, checkpoints, limit):
+    """(time seen, target pid, target address) once the save after --save-step has its
+    trigger file: the target's weights file (SAVE_TRIGGER for the others)."""
+    prefix = checkpoint_index.step_prefix(checkpoints, RUN_NAME, sweep.args.save_step)
+    _, match = job.wait_for(r"^\[worker \d+ on ([\d.]+)\] rank %d attempt %d pid (\d+)"
+                            % (TARGET_RANK, attempt), limit)
+    job.wait_for(r"saving %s attempt %d pid" % (re.escape(prefix), attempt), limit)
+    trigger = SAVE_TRIGGER.get(fault, "worker%d.params" % TARGET_RANK)
+    seen = wait_for_file(prefix + "-" + trigger if trigger else prefix, timeout=30)
+    return seen, int(match.group(2)), match.group(1)
+
+
+def _save_files(sweep, point, checkpoints):
+    return files_of(checkpoints, sweep.args.save_step) if point == "save" else None
+
+
+def missed(sweep, case, row, lines):
+    """Why the case's fault missed its point (None where it hit it): the target got past
+    the point before the fault (its line of having done so came first), or a save was done
+    where the fault acts (cut_the_save)."""
+    if case.point == "save":
+        whole = [f for f in files_of(os.path.join(row["case"], "checkpoints"),
+                                     sweep.args.save_step - sweep.args.save_every)
+                 if not f.endswith(".tmp")]
+        return None if cut_the_save(case.fault, row["files_at_fault"], whole) else \
+            "the save was done"
+    pid, attempt = row["target_pid"], case.attempt
+    rounds = r"^rounds of step \d+ done [\d.]+ s after the mark attempt %d$" % attempt
+    past = {"up": r"^rank \d+ attempt %d pid %d$" % (attempt, pid),
+            "load": r"^resumed from step \d+ attempt %d pid %d$" % (attempt, pid),
+            "before-push": r"^step %d attempt %d loss \S+ pid %d$" % (sweep.args.fault_step,
+                                                                      attempt, pid),
+            "in-flight": rounds, "first-step": rounds}
+    pattern = past[case.point]
+    early = [t for t, _ in fault_report.worker_lines(lines, pattern) if t < row["fault_at"]]
+    return "the target got past it first" if early else None
+
+
+# -- the sweep ------------------------------------------------------------------------------
 def uninterrupted(sweep):
-    """The reference: one job of every step, no fault, no save. It marks the in-flight
-    point (and waits there) to measure how long a step's rounds stay on the wire."""
+    """The reference: one job of every step, no fault, no save, no restart option. It marks
+    the in-flight point (and waits there) to measure how long a step's rounds stay on the
+    wire."""
     out = os.path.join(sweep.folder, "uninterrupted")
-    output = sweep.run_on_hosts(sweep.job_args(
-        out, "odsgd-faults-%s" % uuid.uuid4().hex, "--fault-point", "in-flight",
-        "--fault-step", sweep.args.fault_step, "--fault-rank", TARGET_RANK))
+    with emulate.EmulatedCluster(WORKERS + SERVERS, mbit=sweep.args.mbit) as cluster:
+        output = run_job(sweep.job_args(out, "odsgd-faults-%s" % uuid.uuid4().hex, "--mark",
+                                        "in-flight:0"),
+                         WORKERS, SERVERS, timeout=sweep.args.timeout, env=sweep.env,
+                         hosts=cluster)
     rounds = re.search(r"rounds of step \d+ done ([\d.]+) s after the mark", output)
     return out, float(rounds.group(1)) if rounds else None
 
 
-# -- report ---------------------------------------------------------------------------------
-POINT_NAMES = {"before-push": "before the push", "in-flight": "rounds in flight",
-               "save": "during a save"}
+def progress(row):
+    """One line on a case, as it ends."""
+    return ("%s, %s: fault %.3f s after the point was seen; exit %s, %d restarts, `%s; %s`; "
+            "resumed from %s, %d replayed, %s s to the first resumed step; %s; %s; %s" % (
+                row["fault"], POINT_NAMES[row["point"]], row["aim_to_fault"],
+                row["exit_code"], row["restarts_used"], row["reason"], row["decision"],
+                row["resumed_from"], row["steps_replayed"],
+                fault_report.or_dash(row["seconds_to_resumed_step"], "%.1f"),
+                fault_report.left_text(row), fault_report.versus_text(row),
+                "passed" if fault_report.passed(row) else "FAILED"))
 
 
-def left_text(row):
-    processes = row["processes"]
-    text = "%d processes" % processes["after_exit"]
-    if processes["after_exit"]:
-        text += (" (killed %d)" % processes["killed"] if processes["killed"] else
-                 " (gone %.1f s after the exit)" % processes["gone_after"])
-    return text + ", %d namespaces" % len(row["namespaces"])
+def sweep_all(sweep):
+    reference, rounds_seconds = uninterrupted(sweep)
+    print("uninterrupted job: %d steps; a step's rounds took %s s on the wire (step %d)"
+          % (sweep.args.steps, rounds_seconds, sweep.args.fault_step), flush=True)
+    rows = []
+    for case in fault_cases.plan(sweep.args.faults, sweep.args.points, sweep.args.give_up):
+        try:
+            row = run_case(sweep, case, reference)
+        except JobFailed as failure:   # the case could not be aimed: said, and the sweep goes on
+            row = failed_row(case, failure)
+        row["rounds_seconds"] = rounds_seconds
+        print(progress(row), flush=True)
+        rows.append(row)
+    return rows
 
 
-def resume_text(found):
-    if "resume" not in found:
-        return "no whole save"
-    if found["resume"].get("error"):
-        return "step %d: failed, `%s`" % (found["resumed_from"], found["resume"]["error"])
-    return "step %d: %s, %.1e" % (found["resumed_from"], "equal" if found["resume"]["equal"]
-                                  else "**differs**",
-                                  found["resume"]["max_relative_difference"])
-
-
-def fault_table(rows):
-    lines = ["| fault | point | exit code | s to exit | the launcher's reason | left 1 s after "
-             "the exit | resumed from the last whole save: vs uninterrupted, max rel. diff |",
-             "|---|---|---|---|---|---|---|"]
-    for row in rows:
-        seconds = "%.1f" % row["seconds"] if row["seconds"] is not None else "> 60"
-        point = POINT_NAMES[row["point"]]
-        if not row.get("cut_the_save", True):
-            point += " (missed: the save was done)"
-        elif row.get("attempts", 1) > 1:
-            point += " (try %d)" % row["attempts"]
-        lines.append("| %s | %s | %s | %s | `%s` | %s | %s |" % (
-            row["fault"], point, row["exit_code"], seconds,
-            (row["reason"] or "none").replace("|", "/"), left_text(row), resume_text(row)))
-    return "\n".join(lines)
-
-
-def cut_save_table(rows):
-    lines = ["| fault | save | its files at the fault | after the job | loading it |",
-             "|---|---|---|---|---|"]
-    for row in rows:
-        for step, files in row["cut_save_files"].items():
-            loaded = row.get("cut_save_loads", {}).get(step, {})
-            outcome = ("refused: `%s`" % loaded["error"] if loaded.get("error") else
-                       "loaded, %s (%.1e)" % ("equal" if loaded.get("equal") else
-                                              "**differs**",
-                                              loaded.get("max_relative_difference", 0.0)))
-            at_fault = row["files_at_fault"] if step == row.get("save_step") else None
-            lines.append("| %s | step %d | %s | %s | %s |" % (
-                row["fault"], step, ", ".join(at_fault or []) or "-",
-                ", ".join(files) or "none", outcome))
-    return "\n".join(lines)
-
-
-def passed(row):
-    """Whether `row` meets the issue's bar: ended within END_SECONDS with a reason, nothing
-    left, and the resume equal to the uninterrupted job (and an in-flight fault came before
-    the step's rounds were done)."""
-    return (row["exit_code"] not in (0, None)
-            and not (row["point"] == "in-flight" and row["rounds_done_before_fault"])
-            and row.get("cut_the_save", True) and row["seconds"] is not None
-            and row["seconds"] <= END_SECONDS and row["reason"] is not None
-            and row["processes"]["after_exit"] == 0 and not row["namespaces"]
-            and row.get("resume", {}).get("equal", False))
+def failed_row(case, failure):
+    """The row of a case whose point never came (its output's end in `error`)."""
+    return dict(case._asdict(), case=case.name, attempt=case.attempt,
+                restarts_expected=case.restarts_expected, error=str(failure)[-3000:],
+                missed="its point never came", exit_code=None, restarts_used=0,
+                reason=None, decision=None, resumed_from=None, steps_replayed=0,
+                seconds_to_resumed_step=None, aim_to_fault=0.0, comparison=None,
+                processes={"after_exit": 0, "gone_after": None, "killed": 0}, namespaces=[])
 
 
 def main(argv=None):
@@ -562,28 +354,10 @@ def main(argv=None):
     finally:
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
-    print("\n" + fault_table(rows) + "\n\n" + cut_save_table(rows))
-    if args.json:   # paths relative to the sweep's folder
+    tables = fault_report.fault_table(rows) + "\n\n" + fault_report.cut_save_table(rows)
+    print("\n" + tables.replace(folder + os.sep, ""))   # paths relative to the sweep's folder
+    if args.json:
         with open(args.json, "w") as f:
             f.write(json.dumps({"settings": vars(args), "rows": rows}, indent=1,
                                default=str).replace(folder + os.sep, "") + "\n")
-    return 0 if all(passed(row) for row in rows) else 1
-
-
-def sweep_all(sweep):
-    reference, rounds_seconds = uninterrupted(sweep)
-    print("uninterrupted job: %d steps; a step's rounds took %s s on the wire (step %d)"
-          % (sweep.args.steps, rounds_seconds, sweep.args.fault_step), flush=True)
-    rows = []
-    for fault in sweep.args.faults:
-        for point in sweep.args.points:
-            row = run_fault(sweep, fault, point)
-            row["save_step"] = sweep.args.save_step
-            row["rounds_seconds"] = rounds_seconds
-            row.update(resume_row(sweep, row, reference))
-            print("%s, %s: fault %.3f s after the point was seen; exit %s after %s s, %s; "
-                  "%s; resume %s" % (fault, POINT_NAMES[point], row["aim_to_fault"],
-                                     row["exit_code"], row["seconds"], row["reason"],
-                                     left_text(row), resume_text(row)), flush=True)
-            rows.append(row)
-    return rows
+    return 0 if all(fault_report.passed(row) for row in rows) else 1
