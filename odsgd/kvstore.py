@@ -25,7 +25,7 @@ import copy
 import mxnet as mx
 from mxnet.kvstore import KVStoreBase
 
-from . import eval_weights, rates, state_files, timeline, worker_states
+from . import eval_weights, rates, timeline, worker_states
 from . import server_updater as servers
 from .agreement import WorkerAgreement
 from .config import ODSGDConfig
@@ -307,22 +307,9 @@ class DistODSGD(KVStoreBase):
         self.local = local
 
     def set_gradient_compression(self, compression_params):
-        """Refused (type 'none' aside): MXNet 1.9's dist store compresses every push of the
-        store once compression is set, and this store's collective checks (step counts,
-        shapes, the fusion plan; odsgd/agreement.py) travel as exact float64 values through the
-        same servers, which 2-bit quantisation would destroy (MXNet even refuses float64 keys
-        then). A second, compressed MXNet store in the same process is not possible: ps-lite
-        has one node per process."""
-        if dict(compression_params or {}).get("type", "none") == "none":
-            return
-        raise ValueError(
-            "dist_odsgd does not support gradient compression (%r): MXNet compresses every "
-            "push of a store, and dist_odsgd's collective checks (equal step counts, shapes) "
-            "send exact values through the same servers; train without it (drop the option, "
-            "e.g. --gc-type). MXNet 1.9.1's own dist_sync and dist_async refuse it too "
-            "wherever gluon.Trainer or Module.fit push ('Compression not supported with "
-            "PushPull'): only a loop of its own kv.push and kv.pull calls compresses there"
-            % (compression_params,))
+        """Refused (type 'none' aside): see COMPRESSION_REFUSED."""
+        if dict(compression_params or {}).get("type", "none") != "none":
+            raise ValueError(COMPRESSION_REFUSED % (compression_params,))
 
     def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
         """Refused: dist_odsgd keeps dense weights only (as kv.init refuses sparse ones)."""
@@ -331,57 +318,19 @@ class DistODSGD(KVStoreBase):
 
     # -- checkpoints (odsgd/worker_states.py) ---------------------------------------------
     def save_optimizer_states(self, fname, dump_optimizer=False):
-        """Saves this worker's OD-SGD states to `fname`: local states (momentum, adaptive
-        variance), step counts, the last two global weights W_t and W_{t-1}, the global
-        optimizer's update count (and the optimizer itself with `dump_optimizer`).
-
-        `fname` holds one entry per worker rank (odsgd/state_files.py): workers that save to
-        the same `fname` (as GluonCV's scripts do on every worker) each replace their own
-        entry and keep the others', and each loads its own back; per-rank names
-        (`'ckpt-%d.states' % kv.rank`) work as well. Every write goes through a temporary
-        file of its own, so concurrent saves never fail or leave half a file.
-
-        On rank 0 it also has every server write its global optimizer states (e.g. SGD's
-        momentum) and update counts beside `fname`, and joins them into `fname + '.servers'`:
-        each parameter's state whole, whatever the layout of the servers' keys
-        (odsgd/server_states.py), so that a job with another number of servers or part size
-        can load them; the servers and rank 0 must share that folder. Call it on every worker
-        after the same step; `odsgd.save_checkpoint` does that and saves the weights too.
-        Everything pushed so far is applied first."""
+        """Saves this worker's OD-SGD states to `fname` (one entry per worker rank) and, from
+        rank 0, the servers' whole-parameter states to `fname + '.servers'`; every worker,
+        after the same step (worker_states.save). `odsgd.save_checkpoint` saves the weights
+        too."""
         self.failed_step.check("save_optimizer_states")
-        mx.nd.waitall()   # every step this worker pushed is applied; W_t has arrived
-        saved = worker_states.collect(self, dump_optimizer)
-        state_files.save_worker_states(fname, saved)
-        if saved["server_states"] and self.settings.loaded_states is not None:
-            # Loaded and no step since: the servers' states are the loaded file's
-            worker_states.copy_server_file(self.settings.loaded_states[0], fname)
-        elif saved["server_states"]:
-            servers.send_command(self.raw, servers.save_states_command(
-                worker_states.server_pattern(fname), self.global_step))
-            worker_states.join_server_files(fname, saved["layout"])
+        worker_states.save(self, fname, dump_optimizer)
 
     def load_optimizer_states(self, fname):
-        """Loads what save_optimizer_states wrote, after the keys were initialised (Trainer's
-        load_states does that first) and before the next step; collective (the workers check
-        that their files are of the same step). On rank 0 it also has the servers load their
-        global optimizer states from `fname + '.servers'`; the job may have another number of
-        servers, part size or fusion size than the one that saved. The global weights on the
-        servers come from rank 0's parameters when the keys are initialised: load them into
-        the parameters first (`odsgd.load_checkpoint` does all of this)."""
+        """Loads what save_optimizer_states wrote, after the keys were initialised and before
+        the next step; collective (worker_states.load). The servers' global weights come
+        from rank 0's parameters: `odsgd.load_checkpoint` loads everything in order."""
         self.failed_step.check("load_optimizer_states")
-        saved = worker_states.read(fname, self.rank, self.num_workers, self.planner,
-                                   self.global_optimizer)
-        self.agreement.check_same(
-            [saved["global_step"]], lambda v: "%d" % v[0],
-            lambda mine, theirs: "%s holds worker %d's states after step %s, but rank 0's "
-            "states are after step %s: a save was cut short (or the files are of different "
-            "checkpoints); load an earlier checkpoint" % (fname, self.rank, mine, theirs))
-        worker_states.restore(saved, self)
-        if saved.get("server_states") and self.rank == 0:
-            if self.global_optimizer is None:
-                raise ValueError("call set_optimizer before load_optimizer_states")
-            path = worker_states.check_server_file(fname, saved["global_step"])
-            self.settings.load_states_later(path, saved["global_step"])
+        worker_states.load(self, fname)
 
     @property
     def _updater(self):
@@ -391,15 +340,9 @@ class DistODSGD(KVStoreBase):
 
     # -- collective checks and helpers for users -------------------------------------------
     def equal_steps(self, local_batches):
-        """Returns the number of steps every worker makes this epoch: the smallest
-        `local_batches` over the workers. A collective call: every worker calls it at the
-        start of every epoch and then makes exactly that many steps, dropping its extra
-        batches. `odsgd.equal_steps(trainer, n)` calls it for a Trainer.
-
-        It also checks that every worker has made the same number of steps so far; the same
-        is checked at exit: a worker that makes more or fewer steps than the others ends with
-        a ValueError naming the rule instead of leaving the job waiting for its pushes forever
-        (docs/reliability.md)."""
+        """The number of steps every worker makes this epoch: the smallest `local_batches`
+        over the workers (collective; see the module function equal_steps). It also checks
+        that every worker made the same number of steps so far (docs/reliability.md)."""
         self.failed_step.check("equal_steps")
         return self.agreement.fewest_batches(local_batches)
 
@@ -409,6 +352,18 @@ class DistODSGD(KVStoreBase):
 
 
 KVStoreBase.kv_registry["dist_odsgd"] = DistODSGD
+
+#: Why gradient compression is refused: MXNet 1.9's dist store compresses every push of the
+#: store once it is set, and this store's collective checks (step counts, shapes, the fusion
+#: plan; odsgd/agreement.py) travel as exact float64 values through the same servers, which
+#: 2-bit quantisation would destroy. ps-lite has one node per process: no second store.
+COMPRESSION_REFUSED = (
+    "dist_odsgd does not support gradient compression (%r): MXNet compresses every push of a "
+    "store, and dist_odsgd's collective checks (equal step counts, shapes) send exact values "
+    "through the same servers; train without it (drop the option, e.g. --gc-type). MXNet "
+    "1.9.1's own dist_sync and dist_async refuse it too wherever gluon.Trainer or Module.fit "
+    "push ('Compression not supported with PushPull'): only a loop of its own kv.push and "
+    "kv.pull calls compresses there")
 
 
 def _server_safe(optimizer):

@@ -14,9 +14,51 @@ into `fname + '.servers'` (`join_server_files`).
 """
 import os
 
+import mxnet as mx
+
 from . import server_states, state_files
+from . import server_updater as servers
 from .environment import num_servers
 from .key_plan import layout_settings
+
+
+def save(store, fname, dump_optimizer):
+    """DistODSGD.save_optimizer_states: this worker's states into `fname` (one entry per rank,
+    odsgd/state_files.py: workers that save to one path, as GluonCV's scripts do, keep each
+    other's entries; every write through a temporary file of its own) after everything it
+    pushed is applied. On rank 0 also the servers' states, whole per parameter, into
+    `servers_file(fname)`: each server writes the pieces it holds beside `fname` and rank 0
+    joins them (odsgd/server_states.py), so a job of another layout can load them; the
+    servers and rank 0 must share that folder. Right after a load, with no step since, the
+    servers' states are the loaded file's, copied."""
+    mx.nd.waitall()   # every step this worker pushed is applied; W_t has arrived
+    saved = collect(store, dump_optimizer)
+    state_files.save_worker_states(fname, saved)
+    if saved["server_states"] and store.settings.loaded_states is not None:
+        copy_server_file(store.settings.loaded_states[0], fname)
+    elif saved["server_states"]:
+        servers.send_command(store.raw, servers.save_states_command(
+            server_pattern(fname), store.global_step))
+        join_server_files(fname, saved["layout"])
+
+
+def load(store, fname):
+    """DistODSGD.load_optimizer_states: this worker's states from `fname`, checked (the
+    workers compare their steps, collectively) and restored; on rank 0 the servers are to load
+    theirs from `servers_file(fname)` before the next step's rounds, each the pieces it holds
+    in the layout of that step (ServerSettings.load_states_later)."""
+    saved = read(fname, store.rank, store.num_workers, store.planner, store.global_optimizer)
+    store.agreement.check_same(
+        [saved["global_step"]], lambda v: "%d" % v[0],
+        lambda mine, theirs: "%s holds worker %d's states after step %s, but rank 0's states "
+        "are after step %s: a save was cut short (or the files are of different "
+        "checkpoints); load an earlier checkpoint" % (fname, store.rank, mine, theirs))
+    restore(saved, store)
+    if saved.get("server_states") and store.rank == 0:
+        if store.global_optimizer is None:
+            raise ValueError("call set_optimizer before load_optimizer_states")
+        path = check_server_file(fname, saved["global_step"])
+        store.settings.load_states_later(path, saved["global_step"])
 
 
 def server_pattern(fname):
