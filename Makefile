@@ -64,7 +64,7 @@ $(CUDA_CHECKED): $(CUDA_STAMP) $(wildcard kvstore_ext/*)
 	touch $(CUDA_CHECKED)
 
 bench: $(STAMP)
-	PY=$(PY) scripts/bench_throughput_suite.sh results
+	PY=$(PY) scripts/bench_throughput_suite.sh runs/bench
 
 clean:
 	rm -rf $(VENV) odsgd/lib build *.egg-info

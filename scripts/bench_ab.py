@@ -1,6 +1,6 @@
 """Before and after: the throughput benchmark of two checkouts of odsgd, interleaved.
 
-    python scripts/bench_ab.py --before ../odsgd-before --repeats 3 --out results/ab_mlp2000 -- \
+    python scripts/bench_ab.py --before ../odsgd-before --repeats 3 --out runs/ab_mlp2000 -- \
         --topology hosts --model mlp --batch-size 128 --bandwidth-mbit 2000 --steps 30 --skip 8
 
 runs `python -m odsgd.bench throughput --repeats 1 <args>` once per repeat in the checkout

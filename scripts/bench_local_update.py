@@ -1,8 +1,8 @@
 """Benchmarks of the fused OD-SGD local update on its own.
 
-    python scripts/bench_local_update.py dispatch --json results/bench_dispatch.json
-    python scripts/bench_local_update.py bandwidth --json results/bench_local_update.json
-    python scripts/bench_local_update.py step --json results/bench_step.json
+    python scripts/bench_local_update.py dispatch --json runs/bench_dispatch.json
+    python scripts/bench_local_update.py bandwidth --json runs/bench_local_update.json
+    python scripts/bench_local_update.py step --json runs/bench_step.json
 
 dispatch: the per-step cost of a group of P parameter arrays, P one-array calls
 (odsgd.native.multi_update_ with P = 1 on the array's own 1-D states, as a store working per

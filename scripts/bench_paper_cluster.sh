@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# Issue 34, the paper's cluster on this machine: dist_sync, dist_async and dist_odsgd with
+# The paper's cluster on this machine: dist_sync, dist_async and dist_odsgd with
 # accelerator-paced workers (V100 step times, the real parameter shapes) on emulated hosts,
 # a NIC per worker and per server, bytes and link scaled down together (docs/benchmarks.md,
 # "Accelerator-paced workers and the planner"). Each configuration: medians of 3 repeats,
-# the modes interleaved; JSON and PNG per configuration under results/ (or $1), then one
-# picture of measured against predicted samples/s. Root and sshd (network namespaces);
-# about 2 hours on a quiet 2-core machine.
+# the modes interleaved; JSON and PNG per configuration under runs/paper_cluster/ (or $1;
+# runs/ is not tracked: copy a run of record into results/ by hand), then one picture of
+# measured against predicted samples/s. Root and sshd (network namespaces); about 2 hours
+# on a quiet 2-core machine.
 #
 # Overrides for a smoke test: REPEATS, STEPS, SKIP (per configuration), ONLY (names of the
 # configurations to run, space-separated), BYTE_SCALE (ResNet-50's, default 64), BANDWIDTHS
 # (ResNet-50's Mbit/s, default 10000,25000).
 set -euo pipefail
 PY=${PY:-python}
-OUT=${1:-results}
+OUT=${1:-runs/paper_cluster}
 REPEATS=${REPEATS:-3}
 ONLY=${ONLY:-}
 SCALE=${BYTE_SCALE:-64}

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # `make bench`: the throughput benchmark on the models of docs/benchmarks.md, each side by side
-# in all three modes (3 interleaved repeats), JSON and PNG under results/ (or $1).
+# in all three modes (3 interleaved repeats), JSON and PNG under runs/bench/ (or $1; runs/ is not tracked: copy a run of record into results/ by hand).
 # About 30 minutes on a 2-core machine. Needs root for the shaped bandwidths.
 set -euo pipefail
 PY=${PY:-python}
-OUT=${1:-results}
+OUT=${1:-runs/bench}
 mkdir -p "$OUT"
 bench() { name=$1; shift; echo "== $name: $*"; "$PY" -m odsgd.bench throughput --repeats 3 --json "$OUT/throughput_$name.json" "$@"; }
 # 162 parameter arrays of 16x16: the per-array cost of a step, nothing else.

@@ -5,7 +5,7 @@ slow link when it may create network namespaces (root), and prints each mode's f
 accuracy (the last evaluation and the mean of the last three, so that one noisy point does
 not decide), samples/s and training time to the target accuracy.
 
-    python scripts/demo.py [--bandwidth-mbit 1000] [--epochs N] [--json results/demo.json]
+    python scripts/demo.py [--bandwidth-mbit 1000] [--epochs N] [--json runs/demo.json]
 
 Writes the JSON (top level: target_accuracy, bandwidth_mbit (0 = unshaped), modes: mode,
 final_test_accuracy (the last evaluation), final_accuracy_last3 (the mean of the last three),
@@ -61,7 +61,7 @@ def parse_args(argv=None):
                                                    for d, (_, t, _) in SETTING.items()))
     p.add_argument("--bandwidth-mbit", type=int, default=BANDWIDTH_MBIT,
                    help="emulated link (needs root); 0: unshaped")
-    p.add_argument("--json", default="results/demo.json")
+    p.add_argument("--json", default="runs/demo.json")
     args = p.parse_args(argv)
     args.dataset = args.dataset or image_datasets.default_dataset()
     default_subset, default_target, default_epochs = SETTING[args.dataset]

@@ -3,7 +3,7 @@ example/image-classification/train_cifar10.py, unmodified, on a RecordIO set of 
 
     python scripts/fit_first_epochs.py --example DIR [--probe] [--networks resnet20,lenet] \
         [--modes "dist_sync;dist_odsgd"] [--seeds 0,1,2,3] [--epochs 4] [--reuse JSON] \
-        --out results/fit_first_epochs.json [--plot docs/fit_first_epochs.png]
+        --out runs/fit_first_epochs.json [--plot docs/fit_first_epochs.png]
 
 DIR is the example folder of MXNet 1.9.1's source (`git archive 1.9.1
 example/image-classification` of apache/mxnet); nothing of it is copied or changed. The set:

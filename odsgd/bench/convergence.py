@@ -3,7 +3,7 @@
 through odsgd.launch, one job at a time.
 
     python -m odsgd.bench convergence --settings mlp,cnn --seeds 0,1,2 --epochs 15 \\
-        --out results/convergence
+        --out runs/convergence
 
 Settings are odsgd.bench.digits_job models on scikit-learn's bundled digits (real data,
 offline). A mode is `dist_sync`, `dist_async`, `odsgd` (the store's defaults) or
@@ -73,7 +73,7 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=15)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--servers", type=int, default=1)
-    p.add_argument("--out", default="results/convergence")
+    p.add_argument("--out", default="runs/convergence")
     p.add_argument("--timeout", type=float, default=600, help="seconds per job")
     p.add_argument("--reuse", action="store_true",
                    help="add to OUT/convergence.json: its runs that match (setting, mode, "

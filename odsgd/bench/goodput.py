@@ -3,7 +3,7 @@ the emulated hosts (odsgd/emulate.py), one way and both ways at once, against th
 MSS / (MTU + 14): every segment of MSS payload bytes costs a whole Ethernet frame at the
 shaper (tbf counts the frame, headers included).
 
-    python -m odsgd.bench goodput --mbit 156.25,390.625 --json results/goodput.json
+    python -m odsgd.bench goodput --mbit 156.25,390.625 --json runs/goodput.json
 
 The benchmarks' link bound (`link_bound_samples_per_sec`) counts payload bytes at the full
 rate, so no mode can pass this share of it; docs/benchmarks.md says where that matters.

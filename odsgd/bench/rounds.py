@@ -2,9 +2,9 @@
 round, from timelines recorded with ODSGD_TIMELINE (odsgd/timeline.py), e.g. during a
 throughput run:
 
-    ODSGD_TIMELINE=results/tl/ python -m odsgd.bench throughput --topology hosts ... \\
+    ODSGD_TIMELINE=runs/tl/ python -m odsgd.bench throughput --topology hosts ... \\
         --modes dist_odsgd --repeats 1
-    python -m odsgd.bench rounds results/tl/ --parts 115
+    python -m odsgd.bench rounds runs/tl/ --parts 115
 
 A server answers a part of a round to every worker at once, when the last worker's push of
 it is in; a spread between the workers' arrivals of one answer is time spent on the way back

@@ -98,7 +98,7 @@ def parse_args(argv=None):
     p.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)),
                    help="cores the job has, for the CPU bound (default: this process's)")
     _add_paced_options(p)
-    p.add_argument("--json", default="results/throughput.json")
+    p.add_argument("--json", default="runs/throughput.json")
     p.add_argument("--plot", default=None, help="PNG path (default: beside --json)")
     args = p.parse_args(argv)
     _check_paced(p, args)

@@ -6,7 +6,7 @@ shaped to the bandwidth (--topology loopback; 0: unshaped, no namespace) or on e
 one per server and per worker, each NIC shaped to the bandwidth (--topology hosts).
 
     python -m odsgd.bench time-to-accuracy --bandwidth-mbit auto,0 --seeds 0,1,2 \\
-        --out results/time_to_accuracy
+        --out runs/time_to_accuracy
 
 `auto` is the bandwidth at which one step's traffic takes as long on the wire as one step's
 computation (t_comm = t_comp): t_comp is measured first (one process, no kvstore), and a step
@@ -80,7 +80,7 @@ def parse_args(argv=None):
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--servers", type=int, default=1)
     p.add_argument("--timeout", type=float, default=900, help="seconds per job")
-    p.add_argument("--out", default="results/time_to_accuracy")
+    p.add_argument("--out", default="runs/time_to_accuracy")
     p.add_argument("--replot", metavar="JSON", help="no jobs: the table, summary and PNG of "
                    "a study's saved time_to_accuracy.json again (beside it)")
     p.add_argument("--reuse", metavar="JSON", action="append", default=[],

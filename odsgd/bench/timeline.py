@@ -67,7 +67,7 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=int, default=600, help="seconds per job")
     p.add_argument("--stall-timeout", type=int, default=60,
                    help="end a job that prints nothing for this many seconds")
-    p.add_argument("--out", default="results/timeline.png", help="the picture (PNG)")
+    p.add_argument("--out", default="runs/timeline.png", help="the picture (PNG)")
     p.add_argument("--json", default=None,
                    help="the window's events per mode and worker (default: --out's .json)")
     p.add_argument("--traces", default=None,
