@@ -3,7 +3,7 @@ whether or not the training script imports odsgd.
 
 MXNet's `mx.kv.create(name)` looks `name` up in its registry of Python stores, which only
 `import odsgd` fills, and otherwise hands the name to its C++ factory: that builds a plain
-dist_sync store whose type reads 'dist_odsgd' (SPEC.md section 5). A script that only passes
+dist_sync store whose type reads 'dist_odsgd' (docs/spec.md, section 7). A script that only passes
 'dist_odsgd' as a string (MXNet's example/image-classification `--kv-store`, GluonCV's
 `--kvstore`) would train with another algorithm, silently, and Module would even scale its
 gradients differently. So `pip install` puts `odsgd-autoload.pth` into site-packages, whose

@@ -1,10 +1,10 @@
 /*
- * Per-element math of the OD-SGD local update (SPEC.md section 2) and the per-array table of
+ * Per-element math of the OD-SGD local update (docs/spec.md, section 4) and the per-array table of
  * a multi-array call, shared by the CPU kernels in multi_update_op.cc, the CUDA kernels in
  * local_update_op_gpu.cu and the CUDA test driver gpu_check_driver.cu, so that every device
  * computes the same expression in the same order.
  *
- * Every operation is float32 and follows the order of the formulas in SPEC.md (and of
+ * Every operation is float32 and follows the order of the formulas in docs/spec.md (and of
  * tests/od_reference.py), so results agree with the NumPy reference to float32 rounding.
  */
 #ifndef ODSGD_KVSTORE_EXT_LOCAL_UPDATE_KERNELS_H_
@@ -74,7 +74,7 @@ ODSGD_HOST_DEVICE float RescaleClip(const UpdateParams& p, float grad) {
   return g;
 }
 
-/*! \brief c of SPEC section 2; in adaptive mode updates v first (v = beta v + (1-beta) g g). */
+/*! \brief c of docs/spec.md, section 4; in adaptive mode updates v first (v = beta v + (1-beta) g g). */
 template <bool kAdaptive>
 ODSGD_HOST_DEVICE float CompensationScale(const UpdateParams& p, float g, float* v) {
   if (!kAdaptive) return 1.0f;

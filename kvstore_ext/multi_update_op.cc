@@ -1,5 +1,5 @@
 /*
- * The odsgd extension library's operators: the fused OD-SGD local update (SPEC.md section 2)
+ * The odsgd extension library's operators: the fused OD-SGD local update (docs/spec.md, section 4)
  * for a whole group of parameters in one operator call (variadic inputs, like MXNet's
  * multi_sgd_mom_update), so that a step's dispatch cost does not grow with the number of
  * arrays, and the gather/scatter of arrays to and from one flat buffer. One array is the
@@ -15,11 +15,11 @@
  *
  *   odsgd_multi_local_update(grads[P], global_flat, mom_flat, var_flat, local_flat,
  *                            out=weights)
- *     The 'sgd' local step of SPEC.md section 2 on every array, array k with lr = lrs[k]
+ *     The 'sgd' local step of docs/spec.md, section 4 on every array, array k with lr = lrs[k]
  *     and wd = wds[k]; mom_flat (and var_flat when adaptive) updated in place.
  *   odsgd_multi_predict_update(grads[P], global_flat, prev_global_flat, var_flat,
  *                              local_flat, est_flat, out=weights)
- *     The 'predict' local step of SPEC.md section 2 on every array, with the estimate of
+ *     The 'predict' local step of docs/spec.md, section 4 on every array, with the estimate of
  *     round t's gradient sum of docs/predict.md: own_scales[k] * gc, and with previous=1
  *     also prev_scales[k] times the previous round's sum, recovered with est_flat (the last
  *     change of the global weights, updated in place) and prev_decays[k].

@@ -3,7 +3,7 @@
     import odsgd            # registers kvstore type 'dist_odsgd'
     trainer = gluon.Trainer(net.collect_params(), 'sgd', {...}, kvstore='dist_odsgd')
 
-See SPEC.md for the update rules and docs/ for the environment variables.
+See docs/spec.md for the update rules and docs/ for the environment variables.
 """
 import importlib
 import importlib.util

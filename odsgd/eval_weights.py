@@ -1,7 +1,7 @@
 """Evaluating the global model: an inference forward between training steps sees W, not w_t.
 
 Under dist_odsgd a worker's parameter arrays hold its local weights w_t, one local step away
-from the servers' global weights W (SPEC section 2), and each worker's w_t differs from the
+from the servers' global weights W (docs/spec.md, section 4), and each worker's w_t differs from the
 others'. Scripts that evaluate the network they train (MXNet's fit.py scores `eval_data` with
 the Module after every epoch; GluonCV's scripts call `net(x)` outside `autograd.record()`)
 would report w_t. With `ODSGD_EVAL_WEIGHTS=global` (the default, docs/env.md) the store's

@@ -43,7 +43,7 @@ from .server_settings import ServerSettings
 class StoreType(str):
     """The type string 'dist_odsgd'. It also answers True to `'_sync' in t` and
     `'sync' in t`: MXNet's Module scales gradients by the number of workers exactly when
-    `'_sync' in kv.type`, and OD-SGD's global update is synchronous (SPEC section 3)."""
+    `'_sync' in kv.type`, and OD-SGD's global update is synchronous (docs/spec.md, section 6)."""
 
     def __contains__(self, part):
         return str.__contains__(self, part) or part in ("_sync", "sync")
@@ -59,7 +59,7 @@ def _as_list(value):
 
 
 class DistODSGD(KVStoreBase):
-    """One-step Delay SGD KVStore (SPEC.md). Registered as kvstore type 'dist_odsgd'.
+    """One-step Delay SGD KVStore (docs/spec.md). Registered as kvstore type 'dist_odsgd'.
 
     Parameters
     ----------

@@ -1,4 +1,4 @@
-"""The worker's local update of OD-SGD (SPEC.md section 2, OD phase), in one place.
+"""The worker's local update of OD-SGD (docs/spec.md, section 4), in one place.
 
 The local update rule is decided once: its kind from the `local_optimizer` name when the
 store is made (`local_rule_kind`, which also checks the settings that kind takes), the rule
@@ -401,7 +401,7 @@ class PredictRule(LocalRule):
     @classmethod
     def create(cls, config, global_optimizer, num_workers):
         """PredictNAGRule for the global optimizer NAG, PredictSGDRule for SGD; another
-        global optimizer is refused (SPEC section 2)."""
+        global optimizer is refused (docs/spec.md, section 4)."""
         if type(global_optimizer) not in (mx.optimizer.SGD, mx.optimizer.NAG):
             raise ValueError("local_optimizer='predict' predicts an SGD step and needs the "
                              "global optimizer 'sgd', got %r ('nag', SGD with Nesterov "

@@ -1,5 +1,5 @@
 """Per-parameter rates and the schedule index, in one place, exactly as MXNet's servers apply
-them, so that the local step (SPEC.md section 2) uses the rates the global update uses.
+them, so that the local step (docs/spec.md, section 4) uses the rates the global update uses.
 
 * `multipliers(optimizer, index)`: a parameter's (lr_mult, wd_mult), looked up by the index the
   servers pass to the optimizer, in MXNet 1.9's order (`Optimizer._get_lrs` / `_get_wds`):

@@ -1,4 +1,4 @@
-"""fit.py's first epochs under dist_odsgd (issue 35): MXNet 1.9.1's own
+"""fit.py's first epochs under dist_odsgd: MXNet 1.9.1's own
 example/image-classification/train_cifar10.py, unmodified, on a RecordIO set of real images.
 
     python scripts/fit_first_epochs.py --example DIR [--probe] [--networks resnet20,lenet] \

@@ -1,4 +1,4 @@
-"""NumPy reference of the OD-SGD rules in SPEC.md section 2, written from the formulas alone.
+"""NumPy reference of the OD-SGD rules in docs/spec.md, section 4, written from the formulas alone.
 
 Every array is float32 and the arithmetic follows the formula's order, so the package's
 NDArray path and fused operator can be compared with it to float32 rounding.
@@ -17,7 +17,7 @@ def rescale_and_clip(grad, rescale_grad, clip_gradient=None):
 
 
 def compensation_scale(g, state_v, mode, beta, eps):
-    """c of SPEC section 2; updates v in place first for the adaptive mode."""
+    """c of docs/spec.md, section 4; updates v in place first for the adaptive mode."""
     if mode == "constant":
         return F32(1.0)
     state_v *= F32(beta)

@@ -1,5 +1,5 @@
 """The quadratic job (jobs/quadratic_job.py) run as a real cluster, and an independent NumPy
-simulation of SPEC.md section 2 on the same problem (jobs/quadratic_problem.py), with the
+simulation of docs/spec.md, section 4 on the same problem (jobs/quadratic_problem.py), with the
 per-parameter rates the servers apply (lr_mult, wd_mult), schedules and parameters that start
 training late."""
 import numpy as np

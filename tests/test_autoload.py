@@ -1,5 +1,5 @@
 """kvstore type 'dist_odsgd' is OD-SGD in every worker of a job, also where the training script
-never imports odsgd (odsgd_autoload.py, SPEC.md section 5): never MXNet's plain dist_sync under
+never imports odsgd (odsgd_autoload.py, docs/spec.md, section 7): never MXNet's plain dist_sync under
 our name, and where odsgd cannot be imported, a clear error."""
 import json
 import os

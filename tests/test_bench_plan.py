@@ -290,7 +290,7 @@ def test_sync_and_async_models_fit_the_measured_hosts_tables():
             link, r["workers"] * r["batch_size"], r["t_comp"], shares, cpu, [r["mode"]],
             step_model.spread_workers(r["topology"], r["workers"]))[r["mode"]]
         ratios[r["mode"]].append(r["samples_per_sec"] / predicted["plan_samples_per_sec"])
-    # dist_async: 15 runs of the tables before issue 34, 7 of its 2-worker table of record.
+    # dist_async: 15 runs of the older tables, 7 of the 2-worker table of record.
     # The link's payload share (step_model.payload_share) moved the medians from 1.04 and 0.99
     # to 1.07 and 1.02, and dist_sync's largest from 1.18 to 1.20: the ceiling 1.2 became
     # 1.25 then, with the term, not the runs, changed; the record measured again under CUBIC

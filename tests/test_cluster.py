@@ -1,6 +1,6 @@
 """Multi-process tests on loopback: real scheduler, servers and workers through odsgd.launch.
 
-Each OD-SGD run is compared with an independent NumPy simulation of SPEC.md section 2 on the
+Each OD-SGD run is compared with an independent NumPy simulation of docs/spec.md, section 4 on the
 quadratic problem of jobs/quadratic_problem.py, or with a dist_sync run of the same job."""
 import numpy as np
 import pytest

@@ -1,5 +1,5 @@
-"""An inference forward between training steps sees the global weights W (issue 35,
-odsgd/eval_weights.py), and the local training trajectory does not notice.
+"""An inference forward between training steps sees the global weights W
+(odsgd/eval_weights.py), and the local training trajectory does not notice.
 
 Each API runs tests/jobs/eval_global_job.py twice (2 workers, 1 server, dist_odsgd in the OD
 phase from the first step, SGD with momentum, weight decay 0.01, lr_mult and wd_mult of 0.5

@@ -1,4 +1,4 @@
-"""Evaluation with the training network between epochs (issue 9, item 3), as real jobs.
+"""Evaluation with the training network between epochs, as real jobs.
 
 An inference-mode forward of a conv net makes MXNet's CPU build keep the conv weights in an
 MKL-DNN layout, which the library operators cannot write in place (odsgd/native/layout.py).

@@ -1,4 +1,4 @@
-"""Every MXNet path is exact (issue 9): Module and Gluon with weight decay, biases, BatchNorm,
+"""Every MXNet path is exact: Module and Gluon with weight decay, biases, BatchNorm,
 lr_mult and wd_mult against dist_sync side by side (warm-up covering every step) and against
 the NumPy simulation in the OD phase; W_0 from rank 0 after kv.init; schedules with
 begin_num_update; a parameter that starts training late; multipliers changed mid-run."""
@@ -87,7 +87,7 @@ def test_gluon_lr_mult_changed_mid_run_reaches_the_servers(tmp_path):
 
 
 def test_init_takes_rank_zeros_values(tmp_path):
-    """kv.init with other values on rank 1: W_0 is rank 0's on every worker (SPEC section 2),
+    """kv.init with other values on rank 1: W_0 is rank 0's on every worker (docs/spec.md, section 3),
     so the first local step on rank 1 starts from rank 0's weights."""
     results = run(tmp_path, api="store", steps=5, lr=0.05, momentum=0.9, wd=1e-3,
                   warmup_steps=0, rank_init_offset=0.25)

@@ -3,7 +3,7 @@ reference: `local_update_` and `predict_update_` are the multi-array operators w
 (one operator family; tests/test_multi_update_op.py covers groups of arrays).
 
 Every case runs five steps with the state (mom, var) carried over, on seeded random arrays,
-and compares weight and states after each step with tests/od_reference.py (SPEC.md section 2).
+and compares weight and states after each step with tests/od_reference.py (docs/spec.md, section 4).
 
 Tolerance: each output element is a chain of about a dozen float32 operations on O(1) values;
 each rounds by at most half an ulp (6e-8 relative), and the momentum carries errors over the
@@ -194,7 +194,7 @@ def test_updates_the_callers_arrays_in_place(native):
 
 
 def test_predict_accepts_the_same_array_as_both_global_weights(native):
-    """SPEC: W_{t-1} = W_t when no earlier global weights exist; callers pass one array."""
+    """docs/spec.md: W_{t-1} = W_t when no earlier global weights exist; callers pass one array."""
     rng = np.random.default_rng(2)
     shape = (1000,)
     w, W = _inputs(rng, shape)

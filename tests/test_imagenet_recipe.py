@@ -86,7 +86,7 @@ def gluoncv_commands(rec, folder):
         "resnet50_v1b_gn": rec_flags + ["--model", "resnet50_v1b"] + common + [
             "--dtype", "float32", "--use-rec", "--last-gamma", "--no-wd", "--label-smoothing",
             "--save-dir", "p", "--logging-file", "l.log", "--use-gn"],
-        # the issue's command: --use-rec twice
+        # a user's command: --use-rec twice
         "issue": rec_flags + ["--use-rec", "--model", "resnet50_v1b"] + common + [
             "--dtype", "float16", "--use-rec", "--last-gamma", "--no-wd", "--label-smoothing",
             "--save-dir", "p", "--logging-file", "l.log"],

@@ -1,4 +1,4 @@
-"""The key layout of the exchange (issue 33): agreed between the workers when the store is
+"""The key layout of the exchange: agreed between the workers when the store is
 made, left out of what a checkpoint depends on, and a step that fails part way stops the store
 instead of leaving its rounds out of step.
 

@@ -1,4 +1,4 @@
-"""LocalUpdater (the OD-phase step of SPEC.md section 2) against the NumPy reference, through
+"""LocalUpdater (the OD-phase step of docs/spec.md, section 4) against the NumPy reference, through
 the fused operator and through the NDArray fallback, for random shapes and every option."""
 import itertools
 import zlib
@@ -274,7 +274,7 @@ def _check_nag_steps(updater, shape, rng, steps, lam, mode, clip=None):
 @pytest.mark.parametrize("given", [{}, {"compensation_mode": "adaptive"}])
 def test_nag_predict_compensates_by_default(path, given):
     """Nothing given with the global optimizer NAG, or only its measured mode: the step is
-    SPEC section 2's with the measured default, adaptive lam = 4 (docs/convergence.md, "Delay
+    docs/spec.md section 4's with the measured default, adaptive lam = 4 (docs/convergence.md, "Delay
     compensation with NAG")."""
     rng = np.random.RandomState(seed_of("nag default", sorted(given.items())))
     updater = LocalUpdater(ODSGDConfig(environ=OWN, **given), nag_global(), 3)

@@ -1,4 +1,4 @@
-"""Misuse and bad configuration (SPEC section 3, issue 4): each is a clear error naming the fix,
+"""Misuse and bad configuration (docs/spec.md, section 6): each is a clear error naming the fix,
 and a job that makes it exits non-zero; none hangs.
 
 The checks that need no parameter-server job run in this process (they raise before any

@@ -83,7 +83,7 @@ def test_multi_update_matches_reference(native, group, kind, mode, clip):  # noq
     round's sum, 'predict+previous' with the previous round's sum), w_t read from local_flat
     (made once with gather_, then kept by the operator) and the weights NaN before every
     call, states carried over STEPS steps, against the single-array reference formulas of
-    SPEC.md section 2; the SGD predict with the previous round also against the NDArray
+    docs/spec.md, section 4; the SGD predict with the previous round also against the NDArray
     fallback of odsgd.local_update."""
     shapes = GROUPS[group]
     P = len(shapes)

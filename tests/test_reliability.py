@@ -1,4 +1,4 @@
-"""Reliability of dist_odsgd jobs (issue 4): faults end the whole job quickly and loudly,
+"""Reliability of dist_odsgd jobs: faults end the whole job quickly and loudly,
 unequal data per worker never hangs, checkpoints resume exactly, and a larger job holds.
 
 Every job runs through odsgd.launch with a deadline. A test that injects a fault kills exactly
@@ -21,7 +21,7 @@ from quadratic_simulation import RTOL, ATOL, simulate
 
 pytestmark = pytest.mark.timeout(300)
 
-#: the issue's bound on the time from a fault to the launcher's exit
+#: the bound on the time from a fault to the launcher's exit
 FAIL_FAST_SECONDS = 30
 #: ODSGD_EXIT_WAIT of the tests that wait for it (the default, 30 s, would only make them longer)
 EXIT_WAIT = 8

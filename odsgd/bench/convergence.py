@@ -201,7 +201,7 @@ def summarize(runs):
                 if "mean" in entry and "mean" in modes.get(baseline, {}):
                     entry["minus_" + baseline] = entry["mean"] - modes[baseline]["mean"]
             if "minus_dist_sync" in entry and "minus_dist_async" in entry:
-                # the target: >= dist_sync - 0.5 points and >= dist_async
+                # the target: >= dist_sync - 0.5 points and >= dist_async
                 entry["meets_target"] = (entry["minus_dist_sync"] >= -0.005 - 1e-9
                                          and entry["minus_dist_async"] >= -1e-9)
     return summary

@@ -11,7 +11,7 @@ kvstore_ext/gpu_check_driver.cu (for the GPU's own architecture), then
    empty ones, tile boundaries and a single array, with the updates' weights NaN before the
    call (they are outputs only: one read would show), and compares every array the driver
    hands back
-   with the NumPy float32 reference below (SPEC.md section 2): the updated ones to rtol 1e-5
+   with the NumPy float32 reference below (docs/spec.md, section 4): the updated ones to rtol 1e-5
    / atol 1e-6 (as tests/test_fused_op.py; nvcc contracts a * b + c into FMAs), copies and
    every array the call must leave alone exactly;
 2. times the kernels on ResNet-50 v1's 161 parameter arrays (25.6 M elements) and on one
@@ -106,7 +106,7 @@ def _driver_archs(nvcc, gpu):
 
 
 # ------------------------------------------------------------------------------------------
-# The NumPy reference (SPEC.md section 2, float32, in the formulas' order)
+# The NumPy reference (docs/spec.md, section 4, float32, in the formulas' order)
 
 def reference(case, arrays):
     """The 8 arrays (SLOTS) as the call of `case` must leave them, from `arrays`, theirs

@@ -142,7 +142,7 @@ def accepts(arrays):
 
 def local_update_(weight, grad, global_weight, mom, var, *, rescale_grad, clip_gradient, lr,
                   momentum, wd, lam, adaptive, beta, eps):
-    """The local SGD step of OD-SGD (SPEC.md section 2), fused, in place, on one array: the
+    """The local SGD step of OD-SGD (docs/spec.md, section 4), fused, in place, on one array: the
     multi-array operator with P = 1 (`multi_update_('sgd', [weight], ...)`).
 
     Per element, in float32, in one pass over memory::
@@ -200,7 +200,7 @@ def local_update_(weight, grad, global_weight, mom, var, *, rescale_grad, clip_g
 
 def predict_update_(weight, grad, global_weight, prev_global_weight, var, *, rescale_grad,
                     clip_gradient, lr, momentum, wd, lam, adaptive, beta, eps, num_workers):
-    """The 'predict' local step of OD-SGD (SPEC.md section 2), fused, in place, on one array:
+    """The 'predict' local step of OD-SGD (docs/spec.md, section 4), fused, in place, on one array:
     the multi-array operator with P = 1 (`multi_update_('predict', [weight], ...)`).
 
     Predicts the global SGD update that has not arrived yet. Per element, in float32::
@@ -316,7 +316,7 @@ def multi_update_(kind, weights, grads, global_flat, *, prev_global_flat=None, m
                   var_flat=None, local_flat=None, est_flat=None, lrs, wds, prev_decays=None,
                   own_scales=None, prev_scales=None, rescale_grad, clip_gradient, momentum,
                   lam, adaptive, beta, eps, num_workers=1):
-    """The local step of OD-SGD (SPEC.md section 2) on P arrays at once: one operator call.
+    """The local step of OD-SGD (docs/spec.md, section 4) on P arrays at once: one operator call.
 
     The per-element math is `local_update_`'s (kind 'sgd') or `predict_update_`'s (kind
     'predict'; both are this function with P = 1), array k with lr = lrs[k] and wd = wds[k].
