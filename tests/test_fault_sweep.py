@@ -67,10 +67,13 @@ def test_a_fault_during_a_save_cut_it_only_before_the_file_it_acts_on():
     assert faults.cut_the_save("worker killed", ["worker1.params"], whole)
     assert not faults.cut_the_save("worker killed", ["worker1.params", "worker1.states"],
                                    whole)
+    assert faults.cut_the_save("server killed", ["worker0.params", "worker0.states"], whole)
+    assert not faults.cut_the_save("server killed", whole[:3], whole)
     assert faults.cut_the_save("scheduler killed", whole[:-1], whole)
     assert not faults.cut_the_save("scheduler killed", whole, whole)
-    assert faults.cut_the_save("ctrl-c", whole[:3], whole)
-    assert not faults.cut_the_save("ctrl-c", whole, whole)
+    # Ctrl-C acts when the launcher ends the job: the save must not be whole by then
+    assert faults.cut_the_save("ctrl-c", [], whole[:-1])
+    assert not faults.cut_the_save("ctrl-c", [], whole)
 
 
 # -- what the sweep reads from the launcher's output ----------------------------------------
@@ -127,6 +130,45 @@ def test_an_attempt_that_was_not_restarted_has_no_resume():
     assert (measured["restarts_used"], measured["resumed_from"], measured["steps_replayed"],
             measured["seconds_to_resumed_step"]) == (0, None, 0, None)
     assert measured["decision"].startswith("stopped by Ctrl-C")
+
+
+def attempt_lines(number, total, started, resumed, steps, ending):
+    """Attempt `number` (1-based) of `total` as the launcher prints it: started at `started`,
+    its workers (pid: the steps each reported) resumed from `resumed` (None: no load was
+    reached), ending with the launcher's `ending` words."""
+    lines = [(started, "I odsgd.launch: attempt %d of %d started (pid 1, "
+                       "ODSGD_RESTART_COUNT=%d)" % (number, total, number - 1))]
+    worker = "[worker 0 on 198.18.0.2] "
+    for pid, done in steps.items():
+        if resumed is not None:
+            lines.append((started + 1, worker + "resumed from step %d attempt %d pid %d"
+                          % (resumed, number - 1, pid)))
+        lines += [(started + 1 + step, worker + "step %d attempt %d loss 0.1 pid %d"
+                   % (step, number - 1, pid)) for step in done]
+    lines.append((started + 30, "E odsgd.launch: attempt %d of %d ended: %s"
+                  % (number, total, ending)))
+    return lines
+
+
+def test_steps_replayed_count_the_steps_a_later_attempt_made_again():
+    killed = "worker 0 (pid 5) was killed by signal 9 (SIGKILL); restarting"
+    # the second attempt fails before its load; the third resumes from step 4 and makes
+    # steps 5 and 6 again: step 5, which every worker of the first had done, is replayed
+    lines = (attempt_lines(1, 3, 100, 0, {21: range(1, 6), 22: range(1, 7)}, killed) +
+             attempt_lines(2, 3, 200, None, {}, killed) +
+             attempt_lines(3, 3, 300, 4, {31: range(5, 9), 32: range(5, 9)},
+                           "exit code 0; the job is done"))
+    assert fault_report.steps_replayed(lines) == 1
+    assert fault_report.measure(lines, fault_at=250)["seconds_to_resumed_step"] == 56
+    # the second attempt resumes from 4 and only one worker makes step 5 before the launcher
+    # gives up: nothing was done again
+    lines = (attempt_lines(1, 3, 100, 0, {21: range(1, 6), 22: range(1, 7)}, killed) +
+             attempt_lines(2, 3, 200, 4, {31: [5], 32: []}, "worker 1 (pid 6) was killed "
+                           "by signal 9 (SIGKILL); giving up: the attempt made no new whole "
+                           "checkpoint in d (the newest is still d/x, step 4)"))
+    measured = fault_report.measure(lines, fault_at=210)
+    assert (measured["steps_replayed"], measured["resumed_from"]) == (0, 4)
+    assert measured["decision"].startswith("giving up")
 
 
 def save_weights(folder, scale):

@@ -65,17 +65,27 @@ def steps_done(lines, attempt):
     return done
 
 
+def done_by_every_worker(lines, attempt):
+    """The steps that every worker of `attempt` reported done."""
+    done = steps_done(lines, attempt)
+    if len(done) < WORKERS:
+        return set()
+    return set.intersection(*({step for _, step in steps} for steps in done.values()))
+
+
 def steps_replayed(lines):
-    """Steps made again: for each attempt followed by another, the last step that every
-    worker of it reported done, less the step the next attempt resumed from (none where a
-    worker reported no step)."""
-    resumed, replayed = resumed_steps(lines), 0
-    for attempt in range(len(attempts(lines)) - 1):
-        done = steps_done(lines, attempt)
-        if attempt + 1 not in resumed or len(done) < WORKERS:
+    """Steps made again: for each attempt that failed, the steps after the checkpoint that
+    the next attempt to resume resumed from, up to the last that every worker of the failed
+    attempt reported done, and that a later attempt's workers all reported done again."""
+    resumed, count, replayed = resumed_steps(lines), len(attempts(lines)), 0
+    for failed in range(count - 1):
+        done = done_by_every_worker(lines, failed)
+        resumes = [resumed[later] for later in range(failed + 1, count) if later in resumed]
+        if not done or not resumes:
             continue
-        every_worker = min(max(step for _, step in steps) for steps in done.values())
-        replayed += max(0, every_worker - resumed[attempt + 1])
+        again = set().union(*(done_by_every_worker(lines, later)
+                              for later in range(failed + 1, count)))
+        replayed += len({step for step in done if step > resumes[0]} & again)
     return replayed
 
 
