@@ -46,7 +46,7 @@ native: $(STAMP)
 	$(PY) -m odsgd.native build
 
 demo: $(STAMP)
-	$(PY) scripts/demo.py
+	$(PY) examples/demo.py
 
 test: $(STAMP) cuda-check
 	$(PY) -m pytest -q tests

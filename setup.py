@@ -30,7 +30,7 @@ setup(
     extras_require={"models": ["gluoncv"], "test": ["pytest", "pytest-timeout", "scikit-learn"]},
     entry_points={
         "console_scripts": [
-            "odsgd-launch=odsgd.launch:main",
+            "odsgd-launch=odsgd.cluster.launch:main",
             "odsgd-bench=odsgd.bench:main",
         ]
     },

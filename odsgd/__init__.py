@@ -13,12 +13,16 @@ import sys
 
 __version__ = "0.1.0"
 
-_PUBLIC = {"DistODSGD": "kvstore", "StoreType": "kvstore", "load_global_weights": "kvstore",
-           "equal_steps": "kvstore", "save_checkpoint": "checkpoint",
-           "load_checkpoint": "checkpoint", "resume_or_start": "checkpoint", "prepare_checkpoints": "checkpoint", "ODSGDConfig": "config",
-           "LocalUpdater": "local_update", "ServerOptimizer": "server_updater"}
+_PUBLIC = {"DistODSGD": "worker.kvstore", "StoreType": "worker.kvstore",
+           "load_global_weights": "worker.kvstore", "equal_steps": "worker.kvstore",
+           "save_checkpoint": "worker.checkpoint", "load_checkpoint": "worker.checkpoint",
+           "resume_or_start": "worker.checkpoint", "prepare_checkpoints": "worker.checkpoint",
+           "ODSGDConfig": "worker.config", "LocalUpdater": "worker.local_update",
+           "ServerOptimizer": "server.updater"}
 #: what works without MXNet (the launcher reads checkpoint folders with it)
-_WITHOUT_MXNET = {"latest_checkpoint": "checkpoint_index", "Checkpoint": "checkpoint_index"}
+_WITHOUT_MXNET = {"latest_checkpoint": "common.checkpoint_index",
+                  "step_prefix": "common.checkpoint_index",
+                  "Checkpoint": "common.checkpoint_index"}
 __all__ = sorted(set(_PUBLIC) | set(_WITHOUT_MXNET))
 
 
@@ -60,7 +64,7 @@ def _launcher_process():
         return True
     if sys.argv[:1] != ["-m"]:   # what sys.argv holds while `python -m` finds the module
         return False
-    return _module_run_by_interpreter() == "odsgd.launch"
+    return _module_run_by_interpreter() in ("odsgd.launch", "odsgd.cluster.launch")
 
 
 def _module_run_by_interpreter():
@@ -91,15 +95,16 @@ def _module_run_by_interpreter():
 
 
 # On a server or scheduler, MXNet starts its server loop inside `import mxnet` and never
-# returns; while it runs it unpickles our ServerOptimizer, importing odsgd.server_updater.
+# returns; while it runs it unpickles our ServerOptimizer, importing odsgd.server.updater.
 # Importing nothing here keeps that module from being caught half-imported there.
 if MXNET_INSTALLED and os.environ.get("DMLC_ROLE") not in ("server", "scheduler") \
         and not _launcher_process():
     from . import native
     native.load()
-    from .kvstore import DistODSGD, StoreType, equal_steps, load_global_weights  # noqa: F401,E402
-    from . import trainer_hook
+    from .worker.kvstore import (DistODSGD, StoreType,  # noqa: F401,E402
+                                 equal_steps, load_global_weights)
+    from .worker import trainer_hook
     trainer_hook.install()
-    from .checkpoint import (load_checkpoint, prepare_checkpoints,  # noqa: F401,E402
-                             resume_or_start, save_checkpoint)
-    from .checkpoint_index import latest_checkpoint  # noqa: F401,E402
+    from .worker.checkpoint import (load_checkpoint,  # noqa: F401,E402
+                                    prepare_checkpoints, resume_or_start, save_checkpoint)
+    from .common.checkpoint_index import latest_checkpoint, step_prefix  # noqa: F401,E402

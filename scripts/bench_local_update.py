@@ -22,7 +22,7 @@ bandwidth:
   copy      NDArray.copyto of an array holding the same number of bytes (read + write): the
             memory-bandwidth reference, what one pass over that much memory costs.
   fallback  the same math as plain mx.nd operators: the package's own NDArray fallback,
-            odsgd.local_update.ndarray_local_update_.
+            odsgd.worker.local_update.ndarray_local_update_.
 
 Bandwidth = the fused operator's byte count / time, for all three, so that "fused / copy" is
 the fraction of copy bandwidth the fused operator reaches and "speed-up" = fallback time /
@@ -57,7 +57,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import mxnet as mx  # noqa: E402
 
 from odsgd import native  # noqa: E402
-from odsgd.local_update import ndarray_local_update_  # noqa: E402
+from odsgd.worker.local_update import ndarray_local_update_  # noqa: E402
 
 MiB_ELEMENTS = 1 << 20
 HYPER = dict(rescale_grad=1.0 / 256, clip_gradient=None, lr=0.05, momentum=0.9, wd=1e-4,
@@ -327,9 +327,9 @@ def step_models():
 def step_groups(shapes, seed):
     """[(KeyGroup, weights, grads)]: the key groups the store packs these parameters into
     (plan_fusion with the default ODSGD_FUSION_ELEMENTS), W_t and W_{t-1} near the weights."""
-    from odsgd.config import DEFAULT_FUSION_ELEMENTS
-    from odsgd.key_groups import KeyGroup
-    from odsgd.key_plan import plan_fusion
+    from odsgd.common.config import DEFAULT_FUSION_ELEMENTS
+    from odsgd.worker.key_groups import KeyGroup
+    from odsgd.worker.key_plan import plan_fusion
     rng = np.random.default_rng(seed)
     sizes = [int(np.prod(s)) for s in shapes]
     groups = []
@@ -348,8 +348,8 @@ def step_groups(shapes, seed):
 
 def step_updater(lam, mode):
     """The 'sgd' local rule of a store with this compensation, for a global SGD."""
-    from odsgd.config import ODSGDConfig
-    from odsgd.local_update import LocalUpdater
+    from odsgd.worker.config import ODSGDConfig
+    from odsgd.worker.local_update import LocalUpdater
     config = ODSGDConfig(local_optimizer="sgd", local_optimizer_params={
         "learning_rate": 0.05, "momentum": 0.9, "wd": 1e-4}, compensation=lam,
         compensation_mode=mode, warmup_steps=0, environ={})

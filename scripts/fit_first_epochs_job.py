@@ -9,7 +9,7 @@ before fit.py's own checkpoint and score) the probe evaluates the whole validati
 (each worker all of it, not fit.py's half) with the training Module itself, twice:
 
 * `local`: the worker's own parameter arrays (under dist_odsgd its local weights w_t);
-* `global`: the servers' newest weights W, shown by odsgd/eval_weights.py as an inference
+* `global`: the servers' newest weights W, shown by odsgd/worker/eval_weights.py as an inference
   forward sees them with ODSGD_EVAL_WEIGHTS=global.
 
 Both with the worker's own BatchNorm running statistics (Module never synchronises them).
@@ -31,7 +31,7 @@ import mxnet as mx
 import numpy as np
 
 import odsgd  # noqa: F401  (dist_odsgd; installs the hooks that show W)
-from odsgd import eval_weights
+from odsgd.worker import eval_weights
 
 
 def parse_args(argv):

@@ -1,9 +1,11 @@
 """Starts real ps-lite jobs (scheduler, servers, workers on loopback) through odsgd.launch for
 the tests, with a deadline, and ends exactly the processes it started."""
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOBS = os.path.join(REPO, "tests", "jobs")
@@ -41,3 +43,95 @@ def run_job(script, args, workers=2, servers=1, timeout=120, env=None):
         raise JobError("job %s %s failed (exit %d):\n%s"
                        % (script, args, launcher.returncode, output[-6000:]))
     return output
+
+
+class WatchedLauncher(object):
+    """A launcher command started in a session of its own, its output read line by line while
+    it runs (`wait_for`), ended by the test when it must be (`end`). `tag`, a string unique to
+    the job, is in every command line of it: what `leftovers` finds."""
+
+    def __init__(self, command, env, timeout, tag):
+        import threading
+        self.tag, self.timeout, self.started_at = tag, timeout, time.time()
+        self.lines = []
+        self.changed = threading.Condition()
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, env=env, cwd=REPO,
+                                        start_new_session=True, text=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            with self.changed:
+                self.lines.append(line.rstrip("\n"))
+                self.changed.notify_all()
+        with self.changed:
+            self.changed.notify_all()
+
+    @property
+    def output(self):
+        with self.changed:
+            return "\n".join(self.lines)
+
+    def wait_for(self, pattern, timeout=60):
+        """The first match of `pattern` in the output, waiting up to `timeout` seconds."""
+        regex = re.compile(pattern)
+        deadline = time.time() + timeout
+        with self.changed:
+            while True:
+                for line in self.lines:
+                    match = regex.search(line)
+                    if match:
+                        return match
+                if time.time() > deadline or (self.process.poll() is not None
+                                              and not self.reader.is_alive()):
+                    raise AssertionError("no line matches %r:\n%s"
+                                         % (pattern, "\n".join(self.lines[-60:])))
+                self.changed.wait(0.2)
+
+    def pids(self):
+        """{label: pid} of the processes the launcher started ('worker 1', 'server 0', ...)."""
+        return {m.group(1): int(m.group(2)) for m in
+                re.finditer(r"started (.+?) \(pid (\d+)\)", self.output)}
+
+    def finish(self, timeout=None):
+        """Waits for the launcher to exit; returns its exit code."""
+        try:
+            code = self.process.wait(timeout=timeout or self.timeout + 30)
+        except subprocess.TimeoutExpired:
+            self.end()
+            raise AssertionError("the launcher did not exit:\n" + self.output[-6000:])
+        self.reader.join(10)
+        return code
+
+    def leftovers(self):
+        """Processes (pid, command line) whose command line has this job's tag."""
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                with open("/proc/%s/cmdline" % entry, "rb") as f:
+                    cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+            except OSError:
+                continue
+            if self.tag in cmdline and "pytest" not in cmdline:
+                found.append((int(entry), cmdline.strip()))
+        return found
+
+    def end(self):
+        """Ends the launcher (it ends its job on SIGTERM), then any process of this job that is
+        still there, by pid."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        for pid, _ in self.leftovers():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

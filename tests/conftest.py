@@ -12,7 +12,7 @@ def pytest_sessionstart(session):
     otherwise be taken for leftovers of the tests that check for them."""
     if os.geteuid() != 0:
         return
-    from odsgd import emulate
+    from odsgd.cluster import emulate
     removed = emulate.remove_orphans()
     if removed:
         print("\nremoved %d orphans of emulated clusters that ended without tearing down:\n  %s"

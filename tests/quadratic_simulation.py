@@ -5,7 +5,7 @@ training late."""
 import numpy as np
 
 import od_reference as ref
-from odsgd.config import DEFAULT_COMPENSATION, DEFAULTS
+from odsgd.common.config import DEFAULT_COMPENSATION, DEFAULTS
 from cluster import run_job
 from jobs import quadratic_problem as problem
 

@@ -35,7 +35,7 @@ def test_make_bench_demo_and_the_suites_write_under_runs():
         with open(os.path.join(REPO, script)) as f:
             default = re.search(r"^OUT=\$\{1:-([^}]+)\}$", f.read(), re.M).group(1)
         assert ignored_by_git(default + "/throughput_x.json"), (script, default)
-    with open(os.path.join(REPO, "scripts", "demo.py")) as f:
+    with open(os.path.join(REPO, "examples", "demo.py")) as f:
         demo = re.search(r'"--json", default="([^"]+)"', f.read()).group(1)
     assert ignored_by_git(demo), demo
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from jobs.roles_job import read_records
-from odsgd import emulate
+from odsgd.cluster import emulate
 from quadratic_simulation import assert_matches, simulate
 from test_launch_options import EXPECTED_BY_ROLE, LAUNCHER_VALUE, ROLE_OPTIONS
 

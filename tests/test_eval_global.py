@@ -1,5 +1,5 @@
 """An inference forward between training steps sees the global weights W
-(odsgd/eval_weights.py), and the local training trajectory does not notice.
+(odsgd/worker/eval_weights.py), and the local training trajectory does not notice.
 
 Each API runs tests/jobs/eval_global_job.py twice (2 workers, 1 server, dist_odsgd in the OD
 phase from the first step, SGD with momentum, weight decay 0.01, lr_mult and wd_mult of 0.5
@@ -83,7 +83,8 @@ def test_evaluation_sees_the_global_weights_and_training_does_not_notice(tmp_pat
 
 
 def test_the_setting_is_validated():
-    from odsgd.config import DEFAULTS, ODSGDConfig
+    from odsgd.common.config import DEFAULTS
+    from odsgd.worker.config import ODSGDConfig
     assert DEFAULTS["eval_weights"] == "global"
     assert ODSGDConfig(environ={"ODSGD_EVAL_WEIGHTS": "Local"}).eval_weights == "local"
     with pytest.raises(ValueError, match="ODSGD_EVAL_WEIGHTS must be one of global, local"):

@@ -1,7 +1,7 @@
 """While the global weights W are shown to an evaluation (ODSGD_EVAL_WEIGHTS=global, the
 default), what a script does stays right: a value it writes is kept, gradients are taken at
 the worker's own weights w_t, an evaluation thread never swaps W in under the training thread,
-and an interrupted swap leaves nothing behind (odsgd/eval_weights.py).
+and an interrupted swap leaves nothing behind (odsgd/worker/eval_weights.py).
 
 Each Gluon case is held to a run that did the same without the evaluation
 (tests/jobs/eval_paths_job.py: every worker's w^i and W after the last step, bit for bit).

@@ -203,7 +203,7 @@ def test_parameters_in_parts_match_numpy_across_schedule_boundaries(tmp_path, op
     on the bias and a FactorScheduler that halves the rate every 2 steps, its first change on
     the first OD step. There the predict reads the rate of the warm-up's last round (lr x wd
     of the round before) after the new one: asked in that order, MXNet's FactorScheduler
-    answers the decayed rate for both (odsgd/rates.py, ScheduleAtAnyCount)."""
+    answers the decayed rate for both (odsgd/common/rates.py, ScheduleAtAnyCount)."""
     from quadratic_simulation import assert_global_steps
     assert problem.OUT_UNITS > 2     # the bias is cut too
     options = dict(steps=9, lr=0.08, momentum=0.9, wd=0.05, warmup_steps=2, lr_factor_step=2,

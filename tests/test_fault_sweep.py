@@ -13,7 +13,7 @@ import os
 import numpy as np
 import pytest
 
-from odsgd import emulate
+from odsgd.cluster import emulate
 from odsgd.bench import fault_cases, fault_report, faults
 
 try:

@@ -154,7 +154,7 @@ def test_optimizer_base_lr_override_alone(mode, before):
     assert values(pickle.loads(pickle.dumps(translated)), COUNTS) == expected
     if mode != "constant":
         assert expected != values(build(), COUNTS)     # the override did change the rates
-    # A copy given another base rate (as odsgd.config does) leaves the first one alone.
+    # A copy given another base rate (as odsgd.common.config does) leaves the first one alone.
     other = copy.copy(translated)
     other.base_lr = 0.01
     reference.base_lr = 0.01

@@ -1,4 +1,4 @@
-"""GluonCV's ImageNet recipe flags in scripts/train_imagenet.py (--use-rec, --mode hybrid,
+"""GluonCV's ImageNet recipe flags in examples/train_imagenet.py (--use-rec, --mode hybrid,
 --last-gamma, --no-wd, --label-smoothing, --mixup, --mixup-alpha, --mixup-off-epoch,
 --lr-decay-period, --rgb-mean, --rgb-std, --use-pretrained, --batch-norm, --data-dir), each held
 to what GluonCV's scripts/classification/imagenet/train_imagenet.py does, computed here

@@ -1,6 +1,6 @@
 """The import structure of odsgd: the contracts of .importlinter (no import cycles, no module
 importing from a floor above its own, odsgd.kvstore not importing odsgd.training,
-odsgd.checkpoint and odsgd.trainer_hook not importing the store or the package), checked by
+odsgd.worker.checkpoint and odsgd.worker.trainer_hook not importing the store or the package), checked by
 import-linter, which `make install` installs into .venv; and the names the modules that no
 longer import the store know it by."""
 import os
@@ -33,13 +33,13 @@ def test_import_contracts_are_kept():
 
 
 def test_helpers_know_the_store_by_its_type():
-    """odsgd.checkpoint and odsgd.trainer_hook tell a dist_odsgd store by its type (they do
+    """odsgd.worker.checkpoint and odsgd.worker.trainer_hook tell a dist_odsgd store by its type (they do
     not import odsgd.kvstore): the type they look for is DistODSGD's, and a store of
     another type is not one."""
     import mxnet as mx
 
-    from odsgd import checkpoint, trainer_hook
-    from odsgd.kvstore import DistODSGD, StoreType
+    from odsgd.worker import checkpoint, trainer_hook
+    from odsgd.worker.kvstore import DistODSGD, StoreType
 
     assert issubclass(DistODSGD, mx.kvstore.KVStoreBase)
     assert DistODSGD.type.fget(None) == StoreType("dist_odsgd")
@@ -60,7 +60,7 @@ def test_server_schedules_keep_their_old_names():
     """server_safe and ServerSafeSchedule moved to odsgd.server_schedules (below the store);
     odsgd.training.schedule still names them, and `_rebuild`, which schedules pickled before
     the move name there."""
-    from odsgd import server_schedules
+    from odsgd.server import schedules as server_schedules
     from odsgd.training import schedule
 
     for name in ("server_safe", "ServerSafeSchedule", "gluoncv_lr_scheduler_module",

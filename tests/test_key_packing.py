@@ -1,12 +1,12 @@
-"""The default packing of small parameters into server keys (odsgd/config.py
-DEFAULT_FUSION_ELEMENTS, odsgd/key_plan.py plan_fusion): a ResNet's small arrays make several
+"""The default packing of small parameters into server keys (odsgd/common/config.py
+DEFAULT_FUSION_ELEMENTS, odsgd/worker/key_plan.py plan_fusion): a ResNet's small arrays make several
 keys, never one, so that one key's pull can travel while another key's push does
 (docs/design.md, "Why not pack them all into one key")."""
 import mxnet as mx
 import pytest
 
-from odsgd import config
-from odsgd.key_plan import plan_fusion
+from odsgd.common import config
+from odsgd.worker.key_plan import plan_fusion
 
 
 def test_default_is_65536_elements_and_stays_below_the_big_array_bound():

@@ -11,15 +11,15 @@ import sys
 import pytest
 
 from jobs.roles_job import read_records
-from odsgd import launch
-from odsgd.launch import parse_own_options, split_command
+from odsgd.cluster import launch
+from odsgd.cluster.launch import parse_own_options, split_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROLES_JOB = os.path.join(REPO, "tests", "jobs", "roles_job.py")
 
 #: what each role must see of EMU_ROLE_VALUE and OMP_NUM_THREADS when the launcher runs with
 #: EMU_ROLE_VALUE=LAUNCHER_VALUE and OMP_NUM_THREADS=1 and ROLE_OPTIONS (shared with
-#: tests/test_emulated_cluster.py). No record of the scheduler: it is odsgd/ps_scheduler.py,
+#: tests/test_emulated_cluster.py). No record of the scheduler: it is odsgd/cluster/ps_scheduler.py,
 #: which runs nothing of the training command.
 SERVER_VALUE = 'server: "quoted" $HOME `true` \\ end'
 WORKER_VALUE = "worker:1 with spaces"
@@ -143,8 +143,8 @@ def test_the_launcher_imports_no_mxnet(how, tmp_path):
     assert "--launcher" in run.stdout                        # launch.py's own help follows
     imported = [line.split("|")[-1].strip() for line in run.stderr.splitlines()
                 if line.startswith("import time:")]
-    assert "odsgd" in imported and "odsgd.config" in imported     # the package is imported
-    assert "odsgd.restarts" in imported
+    assert "odsgd" in imported and "odsgd.common.config" in imported     # the package is imported
+    assert "odsgd.cluster.restarts" in imported
     assert not [name for name in imported if name.split(".")[0] == "mxnet"]
 
 
@@ -191,7 +191,7 @@ def test_bench_lists_its_subcommands(how):
 
 
 def test_exit_wait_is_read_once_for_the_whole_job():
-    from odsgd import config
+    from odsgd.common import config
     assert config.exit_wait_seconds({}) == config.DEFAULT_EXIT_WAIT == 30.0
     assert config.exit_wait_seconds({"ODSGD_EXIT_WAIT": " 2.5 "}) == 2.5
     for bad in ("0", "-1", "x", "inf", "nan"):
@@ -205,7 +205,7 @@ def test_exit_wait_is_read_once_for_the_whole_job():
 
 
 def test_the_scheduler_stands_in_for_the_command_only_as_a_scheduler(tmp_path):
-    from odsgd import ps_scheduler
+    from odsgd.cluster import ps_scheduler
     script = ps_scheduler.__file__
     env = dict(os.environ, DMLC_ROLE="worker")
     run = subprocess.run([sys.executable, script, "--job", "python train.py"], env=env,

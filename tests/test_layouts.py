@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from cluster import JobError, run_job
-from odsgd import checkpoint as checkpoints, checkpoint_index, state_files
+from odsgd.worker import checkpoint as checkpoints
+from odsgd.common import checkpoint_index, state_files
 
 pytestmark = pytest.mark.timeout(400)
 

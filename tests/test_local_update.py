@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 import od_reference as ref
-from odsgd import local_update, native
-from odsgd.config import ODSGDConfig
-from odsgd.local_update import LocalUpdater
+from odsgd.worker import local_update
+from odsgd import native
+from odsgd.worker.config import ODSGDConfig
+from odsgd.worker.local_update import LocalUpdater
 
 SHAPES = [(1,), (7,), (33, 5), (4, 3, 2), (1031,)]
 RTOL, ATOL = 1e-5, 1e-6
@@ -206,7 +207,7 @@ def test_mx_optimizer_follows_set_learning_rate():
 
 def test_group_update_uses_each_parameters_rates(path):
     """update_group over several arrays: each uses its own lr * lr_mult and wd * wd_mult."""
-    from odsgd.key_groups import KeyGroup
+    from odsgd.worker.key_groups import KeyGroup
     updater, _ = make_updater(local_optimizer="predict")
     rng = np.random.RandomState(21)
     shapes = [(3, 4), (5,), (2, 2, 2)]
@@ -306,7 +307,7 @@ def test_compensation_default_is_per_global_optimizer(optimizer, local, store, e
 
 
 def _nag_group(rng, shapes):
-    from odsgd.key_groups import KeyGroup
+    from odsgd.worker.key_groups import KeyGroup
     weights = [mx.nd.array(rng.uniform(-1, 1, s).astype(np.float32)) for s in shapes]
     return KeyGroup(9, ["a", "b", "c"][:len(shapes)], list(range(len(shapes))), weights), weights
 
@@ -398,7 +399,7 @@ def test_predict_keeps_a_state_for_nag_and_for_the_previous_estimate():
     """NAG needs the estimate of its state whatever the estimate of the sum; the SGD predict
     keeps the servers' momentum only for the 'previous' estimate, which recovers the previous
     round's sum from it."""
-    from odsgd.key_groups import KeyGroup
+    from odsgd.worker.key_groups import KeyGroup
     for optimizer, estimate, state in ((mx.optimizer.SGD(momentum=0.9), "own", False),
                                        (mx.optimizer.SGD(momentum=0.9), "shrunk", False),
                                        (mx.optimizer.SGD(momentum=0.9), "previous", True),
@@ -416,7 +417,7 @@ def test_predict_keeps_a_state_for_nag_and_for_the_previous_estimate():
 def test_predict_estimate_setting():
     """ODSGD_PREDICT_ESTIMATE picks the estimate (any case); another value is a ValueError
     naming the variable and the choices; unset, the documented default."""
-    from odsgd.config import DEFAULTS, PREDICT_ESTIMATES
+    from odsgd.common.config import DEFAULTS, PREDICT_ESTIMATES
     assert ODSGDConfig(environ={}).predict_estimate == DEFAULTS["predict_estimate"]
     assert DEFAULTS["predict_estimate"] in PREDICT_ESTIMATES
     for name in PREDICT_ESTIMATES:
@@ -544,7 +545,7 @@ def test_previous_estimate_survives_a_checkpoint(path):
 
 def _local_group(rng, shapes, lam=2.0, mode="adaptive"):
     """An 'sgd' updater with compensation and a key group of `shapes` with W_t set."""
-    from odsgd.key_groups import KeyGroup
+    from odsgd.worker.key_groups import KeyGroup
     params = {"learning_rate": 0.07, "momentum": 0.6, "wd": 2e-3}
     updater, _ = make_updater(local_optimizer="sgd", local_optimizer_params=params,
                               compensation=lam, compensation_mode=mode)

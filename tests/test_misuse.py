@@ -13,9 +13,9 @@ import time
 import pytest
 
 import odsgd
-import odsgd.environment
+import odsgd.worker.environment
 from cluster import run_job, JobError
-from odsgd.config import ODSGDConfig
+from odsgd.worker.config import ODSGDConfig
 from test_reliability import assert_no_leftovers, live_jobs  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.timeout(120)
@@ -65,7 +65,7 @@ def test_wrong_dmlc_values(clean_environment, name, value):
 def test_port_held_by_another_program(clean_environment, monkeypatch):
     """DMLC_PS_ROOT_PORT is a port where some other program listens (not a ps-lite
     scheduler): ps-lite would wait for an answer forever; the store says so at once."""
-    monkeypatch.setattr(odsgd.environment, "SCHEDULER_GREETING_SECONDS", 1.0)
+    monkeypatch.setattr(odsgd.worker.environment, "SCHEDULER_GREETING_SECONDS", 1.0)
     with socket.socket() as other_program:
         other_program.bind(("127.0.0.1", 0))
         other_program.listen(4)
@@ -78,7 +78,7 @@ def test_port_held_by_another_program(clean_environment, monkeypatch):
 
 
 def test_no_scheduler_listening(clean_environment, monkeypatch):
-    monkeypatch.setattr(odsgd.environment, "SCHEDULER_WAIT_SECONDS", 1.0)
+    monkeypatch.setattr(odsgd.worker.environment, "SCHEDULER_WAIT_SECONDS", 1.0)
     clean_environment(free_port())
     with pytest.raises(ValueError, match="no scheduler listens there after 1 s"):
         odsgd.DistODSGD()
@@ -243,7 +243,7 @@ def test_checkpoint_calls_refuse_what_they_cannot_resume(clean_environment, tmp_
     with pytest.raises(TypeError, match="load_checkpoint needs a gluon.Trainer"):
         odsgd.load_checkpoint(net, str(tmp_path / "ckpt"))
     local = mx.gluon.Trainer(net.collect_params(), "sgd", kvstore="device")
-    # MXNet's own stores are checkpointed too (odsgd/mxnet_store_checkpoint.py): a prefix with
+    # MXNet's own stores are checkpointed too (odsgd/worker/mxnet_store_checkpoint.py): a prefix with
     # nothing saved is refused by name
     with pytest.raises(ValueError, match="ckpt-worker0.states is missing: no checkpoint of this "
                                          "worker at prefix"):

@@ -84,7 +84,7 @@ def test_multi_update_matches_reference(native, group, kind, mode, clip):  # noq
     (made once with gather_, then kept by the operator) and the weights NaN before every
     call, states carried over STEPS steps, against the single-array reference formulas of
     docs/spec.md, section 4; the SGD predict with the previous round also against the NDArray
-    fallback of odsgd.local_update."""
+    fallback of odsgd.worker.local_update."""
     shapes = GROUPS[group]
     P = len(shapes)
     rng = np.random.default_rng(_seed(group, kind, mode, clip))
@@ -150,8 +150,8 @@ def test_multi_update_matches_reference(native, group, kind, mode, clip):  # noq
 
 def _predict_fallback(weights, grads_np, W, W_prev, est, var, lrs, wds, own, prev, decays,
                       common):
-    """odsgd.local_update's NDArray fallback of the SGD predict, array by array."""
-    from odsgd.local_update import ndarray_predict_update_
+    """odsgd.worker.local_update's NDArray fallback of the SGD predict, array by array."""
+    from odsgd.worker.local_update import ndarray_predict_update_
     for k, weight in enumerate(weights):
         ndarray_predict_update_(weight, _nd(grads_np[k]), _nd(W[k]), _nd(W_prev[k]), var[k],
                                 lr=lrs[k], wd=wds[k], num_workers=3, own_scale=own[k],
@@ -768,9 +768,9 @@ def test_multi_nag_predict_matches_reference(native, group, mode, clip, previous
     """Kind 'nag_predict', lam != 0: every array k with its own lr, wd and estimate of the
     round's sum (with and without the previous round's), w_t from local_flat and the weights
     NaN before every call, the estimate and v carried over STEPS steps, against the NumPy
-    reference; and the NDArray fallback of odsgd.local_update on the same inputs."""
+    reference; and the NDArray fallback of odsgd.worker.local_update on the same inputs."""
     import mxnet as mx
-    from odsgd.local_update import ndarray_nag_predict_update_
+    from odsgd.worker.local_update import ndarray_nag_predict_update_
     shapes = GROUPS[group]
     P = len(shapes)
     rng = np.random.default_rng(_seed("nag", group, mode, clip, previous))
@@ -905,7 +905,7 @@ def test_previous_round_sum_is_recovered(native, optimizer):  # noqa: F811
     fallback and the NumPy reference, and their state afterwards is the servers' after round
     t-1."""
     import mxnet as mx
-    from odsgd.local_update import ndarray_nag_predict_update_, ndarray_predict_update_
+    from odsgd.worker.local_update import ndarray_nag_predict_update_, ndarray_predict_update_
     rng = np.random.default_rng(_seed("previous-round", optimizer))
     n = 500
     kernel = _nag_kernel if optimizer == "nag" else _sgd_kernel

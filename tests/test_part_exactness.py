@@ -10,8 +10,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from odsgd.key_plan import (PART_EXACT_OPTIMIZERS, SHAPE_READING_OPTIMIZERS,
-                            check_flat_arrays, cuts_arrays)
+from odsgd.worker.key_plan import (PART_EXACT_OPTIMIZERS, SHAPE_READING_OPTIMIZERS,
+                                   check_flat_arrays, cuts_arrays)
 from test_server_rounds import (ARRIVALS, PACKINGS, SIZES, dist_sync_weights, run_server,
                                 server)  # noqa: F401 - the fixture
 

@@ -142,7 +142,7 @@ def _first_at_or_above(curve, target):
 def test_demo_writes_its_json_schema(tmp_path):
     out = tmp_path / "demo.json"
     completed = subprocess.run(
-        [sys.executable, os.path.join(REPO, "scripts", "demo.py"), "--epochs", "1",
+        [sys.executable, os.path.join(REPO, "examples", "demo.py"), "--epochs", "1",
          "--train-subset", "1024", "--test-subset", "500", "--batch-size", "32",
          "--eval-interval", "4", "--target-accuracy", "0.4", "--json", str(out)],
         capture_output=True, text=True, timeout=330, cwd=REPO)
@@ -256,7 +256,7 @@ def test_image_job_refuses_decay_epochs_without_step_mode():
 
 
 def _emulation_missing():
-    from odsgd import emulate
+    from odsgd.cluster import emulate
     try:
         emulate.require_root_and_sshd()
     except emulate.EmulationError as error:
@@ -269,7 +269,7 @@ def _emulation_missing():
 def test_time_to_accuracy_on_emulated_hosts(tmp_path):
     """`--topology hosts`: each job's server and workers on emulated hosts of their own, the
     NICs shaped; the curves are the jobs' own and nothing of the emulation is left."""
-    from odsgd import emulate
+    from odsgd.cluster import emulate
     from odsgd.bench import time_to_accuracy
     others = emulate.other_creators()   # a benchmark's beside the tests are its own
     code = time_to_accuracy.main(

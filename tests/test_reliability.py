@@ -7,16 +7,14 @@ of the job is left (by a string unique to the job's command line)."""
 import os
 import re
 import signal
-import subprocess
 import sys
-import threading
 import time
 import uuid
 
 import numpy as np
 import pytest
 
-from cluster import REPO, JOBS, run_job
+from cluster import JOBS, REPO, WatchedLauncher, run_job
 from quadratic_simulation import RTOL, ATOL, simulate
 
 pytestmark = pytest.mark.timeout(300)
@@ -27,106 +25,22 @@ FAIL_FAST_SECONDS = 30
 EXIT_WAIT = 8
 
 
-class LiveJob(object):
-    """An odsgd.launch job that a test watches line by line while it runs.
-
-    `tag`, a string unique to this job, is in every command line of the job, which is how the
-    test finds anything left behind."""
+class LiveJob(WatchedLauncher):
+    """An odsgd.launch job of tests/jobs/<script> that a test watches line by line while it
+    runs (tests/cluster.py)."""
 
     def __init__(self, script, args, workers=2, servers=1, timeout=90, env=None, tag=None):
-        self.tag = tag or "odsgd-test-%s" % uuid.uuid4().hex
+        tag_given = tag
+        tag = tag or "odsgd-test-%s" % uuid.uuid4().hex
         command = [sys.executable, "-m", "odsgd.launch", "--job-timeout", str(timeout),
                    "-n", str(workers), "-s", str(servers), "--launcher", "local",
                    sys.executable, os.path.join(JOBS, script)] + [str(a) for a in args]
-        if tag is None:
-            command += ["--tag", self.tag]
+        if tag_given is None:
+            command += ["--tag", tag]
         full_env = dict(os.environ, OMP_NUM_THREADS="1")
         full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
         full_env.update(env or {})
-        self.timeout = timeout
-        self.lines = []
-        self.changed = threading.Condition()
-        self.started_at = time.time()
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, env=full_env, cwd=REPO,
-                                        start_new_session=True, text=True)
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for line in self.process.stdout:
-            with self.changed:
-                self.lines.append(line.rstrip("\n"))
-                self.changed.notify_all()
-        with self.changed:
-            self.changed.notify_all()
-
-    @property
-    def output(self):
-        with self.changed:
-            return "\n".join(self.lines)
-
-    def wait_for(self, pattern, timeout=60):
-        """The first match of `pattern` in the output, waiting up to `timeout` seconds."""
-        regex = re.compile(pattern)
-        deadline = time.time() + timeout
-        with self.changed:
-            while True:
-                for line in self.lines:
-                    match = regex.search(line)
-                    if match:
-                        return match
-                if time.time() > deadline or (self.process.poll() is not None
-                                              and not self.reader.is_alive()):
-                    raise AssertionError("no line matches %r:\n%s"
-                                         % (pattern, "\n".join(self.lines[-60:])))
-                self.changed.wait(0.2)
-
-    def pids(self):
-        """{label: pid} of the processes the launcher started ('worker 1', 'server 0', ...)."""
-        return {m.group(1): int(m.group(2)) for m in
-                re.finditer(r"started (.+?) \(pid (\d+)\)", self.output)}
-
-    def finish(self, timeout=None):
-        """Waits for the launcher to exit; returns its exit code."""
-        try:
-            code = self.process.wait(timeout=timeout or self.timeout + 30)
-        except subprocess.TimeoutExpired:
-            self.end()
-            raise AssertionError("the launcher did not exit:\n" + self.output[-6000:])
-        self.reader.join(10)
-        return code
-
-    def leftovers(self):
-        """Processes (pid, command line) whose command line has this job's tag."""
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == os.getpid():
-                continue
-            try:
-                with open("/proc/%s/cmdline" % entry, "rb") as f:
-                    cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
-            except OSError:
-                continue
-            if self.tag in cmdline and "pytest" not in cmdline:
-                found.append((int(entry), cmdline.strip()))
-        return found
-
-    def end(self):
-        """Ends the launcher (it ends its job on SIGTERM), then any process of this job that is
-        still there, by pid."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        for pid, _ in self.leftovers():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        super(LiveJob, self).__init__(command, full_env, timeout, tag)
 
 
 @pytest.fixture
@@ -228,10 +142,10 @@ def test_killed_launcher_takes_its_job_along(live_jobs):
     job.wait_for(r"^\[worker 1\] step 3 ")
     children = job.pids()
     assert len(children) == 4, children
-    # the scheduler is odsgd/ps_scheduler.py, the training command (with its tag) beside it
+    # the scheduler is odsgd/cluster/ps_scheduler.py, the training command (with its tag) beside it
     with open("/proc/%d/cmdline" % children["scheduler"], "rb") as f:
         scheduler = f.read().decode().split("\0")
-    assert scheduler[1].endswith(os.path.join("odsgd", "ps_scheduler.py")), scheduler
+    assert scheduler[1].endswith(os.path.join("odsgd", "cluster", "ps_scheduler.py")), scheduler
     assert scheduler[2] == "--job" and "fault_job.py" in scheduler[3] and job.tag in scheduler[3]
     os.kill(job.process.pid, signal.SIGKILL)
     job.finish(timeout=10)
@@ -393,7 +307,7 @@ def test_server_optimizer_control_probe_and_states(monkeypatch):
     many workers announce it; other keys are updated), and get_states/set_states
     carry momentum and update counts over to a fresh server."""
     import mxnet as mx
-    from odsgd import server_updater as servers
+    from odsgd.server import updater as servers
     monkeypatch.setattr(servers, "_CONTROL_KEYS", set())
     monkeypatch.setattr(servers, "_PROBING", {})
     monkeypatch.setattr(servers, "_PROBED", {})
@@ -426,7 +340,7 @@ def test_server_optimizer_control_probe_and_states(monkeypatch):
     updater(0, grad, weight)                       # momentum 0.9 * -0.1 - 0.1 = -0.19
     np.testing.assert_allclose(weight.asnumpy(), 0.71, rtol=1e-6)
 
-    from odsgd import server_states
+    from odsgd.server import states as server_states
     saved = server_states.join([running.get_states(2)], {})
     fresh = server(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, rescale_grad=0.5))
     fresh.set_states(saved)
@@ -447,7 +361,7 @@ def pickle_command(body):
 def test_launcher_labels_and_exit_descriptions():
     """How the launcher names processes: from the environment of the local launcher, from the
     command line of the ssh and mpi launchers; and how it describes an exit."""
-    from odsgd.launch import Job, ProcessRecord
+    from odsgd.cluster.launch import Job, ProcessRecord
     job = Job()
     assert job._label({"DMLC_ROLE": "scheduler"}, "python train.py") == "scheduler"
     assert job._label({"DMLC_ROLE": "worker", "DMLC_TASK_ID": "1",

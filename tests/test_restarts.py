@@ -5,18 +5,17 @@ the local launcher, each checked to leave no process behind."""
 import os
 import re
 import signal
-import subprocess
 import sys
-import threading
 import time
 import uuid
 
 import pytest
 
-from cluster import JOBS, REPO
-from odsgd import checkpoint_index, restarts
-from odsgd.launch import parse_restart_options
-from odsgd.restarts import Outcome, Settings, decide, exit_cause
+from cluster import JOBS, REPO, WatchedLauncher
+from odsgd.common import checkpoint_index
+from odsgd.cluster import restarts
+from odsgd.cluster.launch import parse_restart_options
+from odsgd.cluster.restarts import Outcome, Settings, decide, exit_cause
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -173,64 +172,22 @@ def test_signal_between_attempts_ends_the_job(monkeypatch, signum, code):
 
 
 # -- real jobs -----------------------------------------------------------------------------
-class AttemptsJob(object):
+class AttemptsJob(WatchedLauncher):
     """`python -m odsgd.launch --launcher local ... restart_job.py` that a test watches while
-    it runs; `tag`, unique to it, is on every command line of the job."""
+    it runs; `tag`, unique to it, is on every command line of the job (tests/cluster.py)."""
 
     def __init__(self, launcher_options, job_args, timeout=60):
-        self.tag = "odsgd-restart-test-%s" % uuid.uuid4().hex
+        tag = "odsgd-restart-test-%s" % uuid.uuid4().hex
         command = ([sys.executable, "-m", "odsgd.launch", "--job-timeout", str(timeout)]
                    + launcher_options + ["-n", str(WORKERS), "-s", "1", "--launcher", "local",
                                          sys.executable, os.path.join(JOBS, "restart_job.py")]
-                   + [str(a) for a in job_args] + ["--tag", self.tag])
+                   + [str(a) for a in job_args] + ["--tag", tag])
         env = dict(os.environ, OMP_NUM_THREADS="1", ODSGD_EXIT_WAIT="10",
                    PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
         env.pop("ODSGD_RESTART_COUNT", None)
         env.pop("ODSGD_CHECKPOINT_DIR", None)
-        self.deadline = time.time() + 3 * timeout + 30
-        self.lines = []
-        self.changed = threading.Condition()
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, env=env, cwd=REPO,
-                                        start_new_session=True, text=True)
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for line in self.process.stdout:
-            with self.changed:
-                self.lines.append(line.rstrip("\n"))
-                self.changed.notify_all()
-        with self.changed:
-            self.changed.notify_all()
-
-    @property
-    def output(self):
-        with self.changed:
-            return "\n".join(self.lines)
-
-    def wait_for(self, pattern, timeout=60):
-        regex = re.compile(pattern)
-        deadline = time.time() + timeout
-        with self.changed:
-            while True:
-                found = [m for m in map(regex.search, self.lines) if m]
-                if found:
-                    return found[0]
-                if time.time() > deadline or not self.reader.is_alive():
-                    raise AssertionError("no line matches %r:\n%s"
-                                         % (pattern, "\n".join(self.lines[-60:])))
-                self.changed.wait(0.2)
-
-    def finish(self):
-        """The launcher's exit code, once it and its output have ended."""
-        try:
-            code = self.process.wait(timeout=max(1.0, self.deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            self.end()
-            raise AssertionError("the launcher did not exit:\n" + self.output[-6000:])
-        self.reader.join(10)
-        return code
+        # every attempt may take the whole --job-timeout
+        super(AttemptsJob, self).__init__(command, env, 3 * timeout, tag)
 
     def started_pids(self):
         """Every pid the launchers printed: attempts and the processes of their jobs."""
@@ -253,14 +210,9 @@ class AttemptsJob(object):
             return False
 
     def end(self):
-        """Ends the launcher if it still runs, then whatever of this job is left, by pid."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        """Ends the launcher and its job (WatchedLauncher.end), then every pid the launchers
+        printed that is still one of this job's."""
+        super(AttemptsJob, self).end()
         for pid in self.started_pids():
             if self.alive(pid):
                 os.kill(pid, signal.SIGKILL)

@@ -5,18 +5,21 @@ mid-epoch checkpoint, stopped and resumed with --resume auto, end with every wor
 weights w^i and the global weights W equal bit for bit."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 import types
+import uuid
 
 import mxnet as mx
 import numpy as np
 import pytest
 from scipy import stats
 
-from cluster import REPO, run_job
-from odsgd import checkpoint_index
+from cluster import REPO, WatchedLauncher, run_job
+from odsgd.common import checkpoint_index
 from odsgd.training import checkpoints, data, epoch_saves, imperative, options, session
 from test_imagenet_recipe import load_script, write_image_folder
 from test_training_scripts import read_results, script, write_tiny_imagenet
@@ -287,30 +290,31 @@ def run_interrupted(script_name, flags, save, stop, keep=2):
     return [c.step for c in checkpoint_index.whole_checkpoints(str(save))]
 
 
-def launch_with_restarts(script_name, args, checkpoint_dir, timeout=200):
-    """Runs the script as a 2-worker job of `python -m odsgd.launch --max-restarts 1
-    --checkpoint-dir DIR` (as tests/cluster.py runs jobs: a deadline, and only the launcher's
-    process group ended); returns its output. The job must end with exit code 0."""
+def restarting_launcher(script_name, args, checkpoint_dir, timeout=200):
+    """The script as a 2-worker job of `python -m odsgd.launch --max-restarts 1
+    --checkpoint-dir DIR`, watched while it runs (tests/cluster.py: a deadline, and only the
+    job's processes ended)."""
+    tag = "odsgd-resume-test-%s" % uuid.uuid4().hex
+    # the tag on every process's command line: in the path of the results rank 0 writes
     command = [sys.executable, "-m", "odsgd.launch", "--max-restarts", "1",
                "--checkpoint-dir", str(checkpoint_dir), "--job-timeout", str(timeout),
                "-n", "2", "-s", "1", "--launcher", "local", sys.executable,
-               script(script_name)] + [str(a) for a in args]
+               script(script_name)] + [str(a) for a in args] + \
+        ["--json", "%s.%s.json" % (checkpoint_dir, tag)]
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                env=env, cwd=REPO, start_new_session=True, text=True)
+    return WatchedLauncher(command, env, 2 * timeout, tag)
+
+
+def launch_with_restarts(script_name, args, checkpoint_dir, timeout=200):
+    """Runs restarting_launcher's job to its end; returns its output. It must exit 0."""
+    job = restarting_launcher(script_name, args, checkpoint_dir, timeout)
     try:
-        output, _ = launcher.communicate(timeout=2 * timeout + 30)
-    except subprocess.TimeoutExpired:
-        launcher.send_signal(signal.SIGTERM)
-        try:
-            output, _ = launcher.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            output, _ = launcher.communicate()
-        raise AssertionError("the job timed out:\n" + output[-6000:])
-    assert launcher.returncode == 0, output[-6000:]
-    return output
+        code = job.finish()
+    finally:
+        job.end()
+    assert code == 0, job.output[-6000:]
+    return job.output
 
 
 @pytest.mark.timeout(480)
@@ -450,65 +454,38 @@ def test_symbolic_resumes_at_the_newest_whole_epoch_save(tmp_path):
     assert "epoch 1's save in %s" % save in (save / "train_mnist.log").read_text()
 
 
-def _launch_reading(command, env):
-    """The launcher started in a session of its own, its lines collected by a thread."""
-    import threading
-    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                env=env, cwd=REPO, start_new_session=True, text=True)
-    lines = []
-
-    def read():
-        for line in launcher.stdout:
-            lines.append(line)
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    return launcher, lines, reader
-
-
 @pytest.mark.timeout(480)
 def test_mnist_restarted_after_the_server_is_killed(tmp_path):
     """The server (not a worker) killed with SIGKILL mid-epoch, once a checkpoint of step 20
     or later is whole: `odsgd.launch --max-restarts 1` starts the job again, --resume auto goes
     on from the newest whole checkpoint, the launcher exits 0 and the final checkpoint's w^0,
     w^1 and W are the uninterrupted run's, bit for bit."""
-    import re
-    import time
     flags = ["--digits", "--model", "mlp", "--batch-size", 32, "--lr", 0.1, "--num-epochs", 2,
              "--kvstore", "dist_odsgd", "--save-every-steps", 5, "--log-interval", 5,
              "--warmup-steps", 10]
     whole, restarted = tmp_path / "uninterrupted", tmp_path / "restarted"
     run_job(script("train_mnist.py"), flags + ["--save-dir", whole], timeout=150)
-    command = [sys.executable, "-m", "odsgd.launch", "--max-restarts", "1", "--checkpoint-dir",
-               str(restarted), "--job-timeout", "200", "-n", "2", "-s", "1", "--launcher",
-               "local", sys.executable, script("train_mnist.py")] + \
-        [str(a) for a in flags + ["--resume", "auto"]]
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    launcher, lines, reader = _launch_reading(command, env)
+    job = restarting_launcher("train_mnist.py", flags + ["--resume", "auto"], restarted)
     try:
         deadline = time.time() + 200
-        while time.time() < deadline:
+        latest = None
+        while time.time() < deadline and job.process.poll() is None:
             latest = checkpoint_index.latest_checkpoint(str(restarted))
             if latest is not None and latest.step >= 20:
                 break
             time.sleep(0.05)
-        servers = [int(m.group(1)) for m in (re.search(r"started server 0 \(pid (\d+)\)", line)
-                                               for line in list(lines)) if m]
-        assert servers and latest is not None and latest.step >= 20, "".join(lines)[-4000:]
-        killed_at = latest.step
-        os.kill(servers[0], signal.SIGKILL)
-        code = launcher.wait(timeout=420)
+        assert latest is not None and latest.step >= 20, job.output[-4000:]
+        server = job.pids()["server 0"]
+        os.kill(server, signal.SIGKILL)
+        code = job.finish()
     finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
-        reader.join(timeout=10)
-    output = "".join(lines)
+        job.end()
+    output = job.output
     assert code == 0, output[-6000:]
     assert re.search(r"attempt 1 of 2 ended: server 0 \(pid %d\) was killed by signal 9"
-                     % servers[0], output), output[-6000:]
+                     % server, output), output[-6000:]
     resumed = int(re.search(r"restarting \(resumes from .*, step (\d+)\)", output).group(1))
-    assert resumed >= killed_at
+    assert resumed >= latest.step
     for got, expected in zip(final_files(restarted, "mnist-mlp", 44, 2),
                              final_files(whole, "mnist-mlp", 44, 2)):
         assert_bitwise_equal(got, expected)

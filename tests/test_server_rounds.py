@@ -1,4 +1,4 @@
-"""The servers' rounds arriving out of step order (odsgd/exchange.py sends each key's round as
+"""The servers' rounds arriving out of step order (odsgd/worker/exchange.py sends each key's round as
 soon as that key allows) still give dist_sync's global update, with a schedule boundary between
 them: held to MXNet's own SGD applied in dist_sync's order, parameter by parameter.
 
@@ -10,7 +10,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from odsgd import server_updater as servers
+from odsgd.server import updater as servers
 
 #: parameter index -> number of elements
 SIZES = {0: 3, 1: 5, 2: 8}

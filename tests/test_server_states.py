@@ -1,11 +1,11 @@
-"""The servers' states files (odsgd/server_states.py): the pieces of every server join into
+"""The servers' states files (odsgd/server/states.py): the pieces of every server join into
 whole parameters, and any other layout's pieces are cut from them, equal to the states a
 server of that layout would have kept; what cannot be mapped is a ValueError."""
 import numpy as np
 import pytest
 
-from odsgd import server_states
-from odsgd.server_updater import _mxnet_slice_begin
+from odsgd.server import states as server_states
+from odsgd.server.updater import _mxnet_slice_begin
 
 ARRAY = server_states.ARRAY
 
@@ -77,7 +77,7 @@ def test_mxnet_slices_of_a_big_key_tile_it(monkeypatch, size, servers):
     """The slices of a big key MXNet gives each server (EncodeDefaultKey's rounding) follow
     each other from 0 to the key's end: a server's piece of such a key is named by where its
     slice begins."""
-    from odsgd import server_updater
+    from odsgd.server import updater as server_updater
     begins = []
     for rank in range(servers):
         monkeypatch.setattr(server_updater, "_SERVER", [rank, servers])

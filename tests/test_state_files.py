@@ -1,4 +1,4 @@
-"""Optimizer-state files that several processes write at once (odsgd/state_files.py): workers
+"""Optimizer-state files that several processes write at once (odsgd/common/state_files.py): workers
 that save to one path, many times, never fail and never overwrite each other's states; each
 loads its own back."""
 import os
@@ -8,7 +8,7 @@ import threading
 import numpy as np
 
 from cluster import run_job
-from odsgd import state_files
+from odsgd.common import state_files
 
 
 def test_two_workers_saving_to_one_path_keep_their_own_states(tmp_path):

@@ -1,5 +1,5 @@
 """odsgd.save_checkpoint and odsgd.resume_or_start with a gluon.Trainer on MXNet's own stores
-(odsgd/mxnet_store_checkpoint.py): dist_sync resumes to the uninterrupted run's weights bit for
+(odsgd/worker/mxnet_store_checkpoint.py): dist_sync resumes to the uninterrupted run's weights bit for
 bit, and its training is the plain dist_sync run's; a local store likewise; dist_async resumes
 from the saved step.
 

@@ -1,4 +1,4 @@
-"""ODSGD_TIMELINE recording (odsgd/timeline.py) and `python -m odsgd.bench timeline`: the
+"""ODSGD_TIMELINE recording (odsgd/worker/trace.py) and `python -m odsgd.bench timeline`: the
 trace parser on a hand-written Chrome trace, steps and windows on made-up events, and real
 jobs whose workers record MXNet's profiler."""
 import json
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from odsgd import config
-from odsgd import timeline as tl
+from odsgd.common import config
+from odsgd.worker import trace as tl
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -68,7 +68,7 @@ def test_nothing_happens_without_the_variable(tmp_path, monkeypatch):
 @pytest.mark.timeout(60)
 def test_a_process_writes_its_trace_at_exit(tmp_path):
     """One process, no job: start_if_asked, one operation, exit; the atexit dump holds it."""
-    script = ("import mxnet as mx\nfrom odsgd import timeline\n"
+    script = ("import mxnet as mx\nfrom odsgd.worker import trace as timeline\n"
               "first = timeline.start_if_asked(3)\n"
               "assert timeline.start_if_asked(3) == first\n"
               "(mx.nd.ones((1000,)) * 2).wait_to_read()\n")
@@ -405,7 +405,7 @@ def test_bench_timeline_draws_every_mode(tmp_path):
 
 
 def _no_emulation():
-    from odsgd import emulate
+    from odsgd.cluster import emulate
     try:
         emulate.require_root_and_sshd()
     except emulate.EmulationError as error:

@@ -1,4 +1,4 @@
-"""The training scripts (scripts/train_imagenet.py, train_cifar10.py, train_mnist.py) on tiny
+"""The training scripts (examples/train_imagenet.py, train_cifar10.py, train_mnist.py) on tiny
 data made here, as 2-worker jobs through odsgd.launch, and their building blocks
 (odsgd.training) on their own.
 
@@ -21,7 +21,7 @@ import pytest
 from cluster import REPO, run_job
 from odsgd.training import data, options, schedule
 
-SCRIPTS = os.path.join(REPO, "scripts")
+SCRIPTS = os.path.join(REPO, "examples")
 COLOURS = np.array([[220, 30, 30], [30, 220, 30], [30, 30, 220], [220, 220, 30]])
 
 

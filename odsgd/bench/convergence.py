@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from odsgd import config as store_config
+from odsgd.common import config as store_config
 from odsgd.bench.jobs import JobFailed, run_job
 
 #: digits_job arguments of each setting, chosen with dist_sync (docs/convergence.md)

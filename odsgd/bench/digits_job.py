@@ -2,7 +2,7 @@
 scikit-learn's bundled digits with one kvstore mode and writes rank 0's results (test accuracy
 per epoch, samples/s) as JSON.
 
-Started through odsgd.launch by `make demo` (scripts/demo.py) and the convergence study
+Started through odsgd.launch by `make demo` (examples/demo.py) and the convergence study
 (`python -m odsgd.bench convergence`); dist_odsgd takes its settings from the ODSGD_*
 environment (docs/env.md):
 

@@ -31,7 +31,7 @@ FIRST_FAULT = ("worker killed", "in-flight")
 #:   not restarted  the script's own error (a ValueError): exit 1, not restarted
 #:   gives up       the attempt made no new whole checkpoint (--checkpoint-dir): non-zero exit
 EXPECTED = {"ctrl-c": "interrupted", "value-error": "not restarted"}
-#: the launcher's words (odsgd/restarts.py decide) that each expectation needs
+#: the launcher's words (odsgd/cluster/restarts.py decide) that each expectation needs
 DECISION_WORDS = {"restarted": "restarting", "interrupted": "stopped by Ctrl-C",
                   "not restarted": "not restarted", "gives up": "giving up: the attempt "
                   "made no new whole checkpoint"}

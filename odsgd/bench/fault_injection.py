@@ -9,7 +9,7 @@ import subprocess
 import threading
 import time
 
-from .. import emulate
+from ..cluster import emulate
 from .jobs import REPO, JobFailed, job_environment, launch_command
 from .jobs import _end as end_launcher
 

@@ -1,5 +1,5 @@
 """What the fault sweep measures in a case's output and files, its tables, and its pass
-criteria (`passed`). The output is odsgd.launch's with --max-restarts (odsgd/restarts.py's
+criteria (`passed`). The output is odsgd.launch's with --max-restarts (odsgd/cluster/restarts.py's
 lines) around the job's (odsgd/bench/fault_sweep_job.py); every function here takes the
 lines as (arrival time, text) pairs. Imports nothing of MXNet."""
 import os

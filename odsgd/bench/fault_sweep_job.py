@@ -25,7 +25,7 @@ import time
 
 import odsgd  # registers dist_odsgd; on servers it loads only the server side
 import mxnet as mx
-from odsgd import checkpoint_index
+from odsgd.common import checkpoint_index
 import numpy as np
 
 #: the model: INPUTS -> HIDDEN (relu) -> OUTPUTS. The first layer's weight (131072 elements)

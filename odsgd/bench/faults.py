@@ -27,7 +27,8 @@ import subprocess
 import tempfile
 import uuid
 
-from .. import checkpoint_index, emulate
+from ..common import checkpoint_index
+from ..cluster import emulate
 from . import fault_cases, fault_report
 from .fault_cases import FAULTS, INJECTED_KIND, POINTS, POINT_NAMES
 from .fault_injection import (Fault, LiveLaunch, namespaces_left, processes_left, promptly,

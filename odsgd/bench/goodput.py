@@ -1,5 +1,5 @@
 """`python -m odsgd.bench goodput`: how much payload TCP carries through one shaped NIC of
-the emulated hosts (odsgd/emulate.py), one way and both ways at once, against the closed form
+the emulated hosts (odsgd/cluster/emulate.py), one way and both ways at once, against the closed form
 MSS / (MTU + 14): every segment of MSS payload bytes costs a whole Ethernet frame at the
 shaper (tbf counts the frame, headers included).
 
@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from .. import emulate
+from ..cluster import emulate
 from .step_model import payload_share
 
 PORT = 5301

@@ -3,7 +3,7 @@ odsgd.training.image_datasets) with one kvstore mode, and writes rank 0's result
 test accuracy of the global weights on the test set after every evaluation, with the
 training time so far (evaluations taken out) and samples/s.
 
-Started through odsgd.launch by `make demo` (scripts/demo.py) and
+Started through odsgd.launch by `make demo` (examples/demo.py) and
 `python -m odsgd.bench time-to-accuracy`:
 
     python -m odsgd.launch -n 2 -s 1 --launcher local \\

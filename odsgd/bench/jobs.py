@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 
-from ..emulate import CONGESTION, asked_congestion, tbf_arguments
+from ..cluster.emulate import CONGESTION, asked_congestion, tbf_arguments
 
 #: global optimizers of the image jobs (both predicted by local_optimizer='predict')
 IMAGE_JOB_OPTIMIZERS = ("sgd", "nag")
@@ -38,7 +38,7 @@ def emulated_hosts(bandwidth_mbit, count, congestion=CONGESTION):
     """`count` emulated hosts (odsgd.emulate), each NIC shaped to `bandwidth_mbit` (0 =
     unshaped), TCP between them under `congestion`: run_job(..., hosts=...) puts one server
     or worker on each, the scheduler with the first server."""
-    from ..emulate import EmulatedCluster
+    from ..cluster.emulate import EmulatedCluster
     return EmulatedCluster(count, mbit=bandwidth_mbit, congestion=congestion)
 
 

@@ -13,7 +13,7 @@ the job, would not.
 
 `rx` is what the server's host received (the workers' pushes: "in"), `tx` what it sent (the
 answers, the pulls' weights: "out"). Times are `time.time()`, the system clock in seconds
-since the epoch, the clock of MXNet's profiler traces (odsgd/timeline.py), so that a sample
+since the epoch, the clock of MXNet's profiler traces (odsgd/worker/trace.py), so that a sample
 and a trace event of the same moment have the same time.
 """
 import subprocess

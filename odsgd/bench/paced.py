@@ -3,7 +3,7 @@ are a wait of an accelerator's step time, and whose exchange is real.
 
 The worker trains a ParameterDict of a model's trained arrays (odsgd/bench/model_shapes.py)
 with a gluon.Trainer, so that every step goes through Trainer.step into the store as a real
-model's would (with dist_odsgd: one pushpull of every array, odsgd/trainer_hook.py); servers,
+model's would (with dist_odsgd: one pushpull of every array, odsgd/worker/trainer_hook.py); servers,
 local update and network are the real ones. The gradients are random values written once:
 nothing in the exchange depends on their values.
 
@@ -15,7 +15,7 @@ K as well, so that the scaled model travels in the same keys and messages as the
 """
 import time
 
-from .. import config as store_config
+from ..common import config as store_config
 from .model_shapes import scaled_shapes
 
 #: the store's settings in elements, which the byte scale divides (see the module docstring)

@@ -1,5 +1,5 @@
 """`python -m odsgd.bench rounds`: how far apart the workers receive the answers of each
-round, from timelines recorded with ODSGD_TIMELINE (odsgd/timeline.py), e.g. during a
+round, from timelines recorded with ODSGD_TIMELINE (odsgd/worker/trace.py), e.g. during a
 throughput run:
 
     ODSGD_TIMELINE=runs/tl/ python -m odsgd.bench throughput --topology hosts ... \\
@@ -18,7 +18,7 @@ import json
 import os
 import statistics
 
-from .. import timeline
+from ..worker import trace as timeline
 
 
 def parse_args(argv=None):

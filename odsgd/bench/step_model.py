@@ -10,7 +10,7 @@ the chain waits for last: largest_key_share for dist_odsgd, sync_key_share for M
 stores). docs/benchmarks.md, "Accelerator-paced workers and the planner", derives them and
 shows how they fit the measured tables.
 """
-from .. import config as store_config
+from ..common import config as store_config
 from .jobs import TOPOLOGIES, link_bytes_per_sec, link_step_seconds, step_wire_bytes
 
 MODES = ("dist_sync", "dist_async", "dist_odsgd")
@@ -93,7 +93,7 @@ def odsgd_step_seconds(t_comp, one_direction, push, pull, last_share=1.0):
     t_link); and with the one-step delay, step t's push, the servers' answer to it (its
     pull) and the computation of the step that needs those weights (step t + 2 starts from
     round t's global weights) form a chain that two steps' time must hold. The step's keys
-    travel as separate requests (odsgd/exchange.py), so the answers of the first keys come
+    travel as separate requests (odsgd/worker/exchange.py), so the answers of the first keys come
     back while the later keys' gradients still go out: the chain waits for the whole push
     and the answer of the last key only, `last_share` of the pull (the largest key's share of
     the parameters, largest_key_share; 1 for one key):
@@ -158,9 +158,9 @@ def largest_key_share(sizes, fusion_elements, part_elements):
     """The largest server key's share of the parameters (elements) when dist_odsgd packs
     arrays of `sizes` elements (in the store's order) into key groups of at most
     `fusion_elements` and cuts each into parts of at most `part_elements`
-    (odsgd/key_plan.py, odsgd/key_groups.py); 1.0 for no arrays."""
-    from ..key_groups import part_bounds
-    from ..key_plan import plan_fusion
+    (odsgd/worker/key_plan.py, odsgd/worker/key_groups.py); 1.0 for no arrays."""
+    from ..worker.key_groups import part_bounds
+    from ..worker.key_plan import plan_fusion
     total = sum(sizes)
     if not total:
         return 1.0
@@ -185,7 +185,7 @@ def sync_key_share(sizes, servers, bigarray_bound):
 def mode_shares(sizes, servers, environ=None):
     """{mode: s} for arrays of `sizes` elements (in the Trainer's order): dist_odsgd's
     largest key under the store's fusion and part sizes, MXNet's stores' under its big-array
-    bound, all read from `environ` (default the process's; odsgd/config.py); {} without
+    bound, all read from `environ` (default the process's; odsgd/common/config.py); {} without
     sizes (each s is then 1, the whole pull)."""
     if not sizes:
         return {}

@@ -9,7 +9,7 @@ whether that happened: each host is a network namespace with its own TCP statist
 (/proc/net/snmp `Tcp: RetransSegs`, /proc/net/netstat `TcpExt: TCPTimeouts`, read through a
 process that lives there), and each shaped queue (`tc -s qdisc`) counts its drops: on a
 host's side of its veth what the host sends, on the switch's side what it receives
-(odsgd/emulate.py).
+(odsgd/cluster/emulate.py).
 
 `counting(cluster, steps)` around a job: `snapshot(cluster)` before and after it, the
 difference per step.

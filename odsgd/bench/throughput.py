@@ -47,7 +47,7 @@ import time
 
 from . import device_profiles, nic_meter, paced, tcp_counters
 from .cpu_meter import JobCPUMeter
-from ..emulate import CONGESTION
+from ..cluster.emulate import CONGESTION
 from .jobs import (TOPOLOGIES, TOPOLOGY_HELP, JobFailed, job_environment, job_placement,
                    link_bytes_per_sec, link_step_seconds, run_job, step_wire_bytes,
                    tcp_congestion)

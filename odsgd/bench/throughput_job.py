@@ -13,7 +13,7 @@ import os
 import time
 
 import odsgd  # registers dist_odsgd; on servers it loads only the server side
-from odsgd import timeline
+from odsgd.worker import trace as timeline
 from odsgd.bench import cpu_meter, paced
 import mxnet as mx
 import numpy as np

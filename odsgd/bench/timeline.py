@@ -4,7 +4,7 @@ its pushes and pulls was in flight, when it ran its local update, on one time ax
 
 It runs the throughput benchmark's job (odsgd.bench.throughput_job) once per mode, on the same
 link as `odsgd.bench throughput` (unshaped or shaped loopback, or emulated hosts), with
-ODSGD_TIMELINE set so that every worker records MXNet's profiler trace (odsgd/timeline.py),
+ODSGD_TIMELINE set so that every worker records MXNet's profiler trace (odsgd/worker/trace.py),
 then picks a window of --window steady-state steps of each mode and draws it (--out PNG), with
 the window's events in --json. It prints, per mode, the mean step time and the share of the
 window in which each lane was busy: a push or pull lane well below 100% is a direction of the
@@ -28,8 +28,8 @@ import sys
 import tempfile
 import time
 
-from .. import timeline as tl
-from ..emulate import EmulationError
+from ..worker import trace as tl
+from ..cluster.emulate import EmulationError
 from . import nic_meter, tcp_counters
 from .jobs import TOPOLOGIES, TOPOLOGY_HELP, JobFailed, job_placement, run_job
 from .throughput import MODES, _env, _job_args

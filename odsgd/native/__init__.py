@@ -18,7 +18,7 @@ docstrings in ops.py):
     accepts(arrays)                    whether the operators take these arrays
 
 `load()` runs at ``import odsgd`` on worker processes. Without the library it logs one
-warning and returns False, and odsgd.local_update uses its NDArray fallback; a library built
+warning and returns False, and odsgd.worker.local_update uses its NDArray fallback; a library built
 for another MXNet version raises ImportError naming the rebuild command.
 
 Modules: library (paths, versions, build record), loader (load and the loaded state), build

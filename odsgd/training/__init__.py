@@ -1,4 +1,4 @@
-"""Building blocks of the training scripts (scripts/train_imagenet.py, train_cifar10.py,
+"""Building blocks of the training scripts (examples/train_imagenet.py, train_cifar10.py,
 train_mnist.py): one module per concern, small functions a test can call.
 
     options     the command-line flags (GluonCV's names, plus the store's)

@@ -15,8 +15,8 @@ evaluation reads W into a copy: imperative.GlobalModel), the resumed run is the 
 one from there on: bit for bit with dist_odsgd, dist_sync and local stores (every worker's
 w^i and W, tests/test_script_resume.py). dist_async's workers push in an
 order set by timing, so its resumed run is a run from the same weights, states and step, not a
-replay. The stores: dist_odsgd's own checkpoints (odsgd/checkpoint.py), MXNet's dist_sync,
-dist_async and local stores through odsgd/mxnet_store_checkpoint.py, whose Trainer is prepared
+replay. The stores: dist_odsgd's own checkpoints (odsgd/worker/checkpoint.py), MXNet's dist_sync,
+dist_async and local stores through odsgd/worker/mxnet_store_checkpoint.py, whose Trainer is prepared
 before its first step (`prepare`, or resume_or_start).
 """
 import collections
@@ -26,7 +26,7 @@ import signal
 
 import odsgd
 
-from .. import checkpoint_index
+from ..common import checkpoint_index
 from . import epoch_saves
 
 LOG = logging.getLogger("odsgd.training")
@@ -91,7 +91,7 @@ def check_same_run(found, run):
 def prepare(trainer):
     """Before the first step of a run that does not resume (--resume auto does this itself):
     a Trainer on one of MXNet's stores has its servers keep the optimizer's states where a
-    checkpoint can save them (odsgd/mxnet_store_checkpoint.py; the training is the same)."""
+    checkpoint can save them (odsgd/worker/mxnet_store_checkpoint.py; the training is the same)."""
     odsgd.prepare_checkpoints(trainer)
 
 

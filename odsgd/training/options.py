@@ -259,7 +259,7 @@ def check_checkpoint_flags(args):
                          % (args.resume, ", ".join(legacy)))
 
 
-# -- GluonCV's ImageNet recipe flags (scripts/train_imagenet.py) ---------------------------
+# -- GluonCV's ImageNet recipe flags (examples/train_imagenet.py) ---------------------------
 #: GluonCV's knowledge-distillation flags (dest, flag), which this project cannot run
 DISTILLATION_FLAGS = (("teacher", "--teacher"), ("temperature", "--temperature"),
                       ("hard_weight", "--hard-weight"))

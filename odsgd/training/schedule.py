@@ -4,7 +4,7 @@ local optimizer's own step schedule, built as ServerSafeSchedules, which the par
 servers can unpickle.
 
 `ServerSafeSchedule`, `server_safe` and `gluoncv_lr_scheduler_module` live in
-odsgd/server_schedules.py, below this package (the store, odsgd/kvstore.py, imports
+odsgd/server/schedules.py, below this package (the store, odsgd/worker/kvstore.py, imports
 `server_safe` from there, not from here). They are imported here too, so
 `odsgd.training.schedule.ServerSafeSchedule` and `schedule.server_safe` still work, and
 schedules pickled before they moved (naming `odsgd.training.schedule._rebuild`) still load.
@@ -14,8 +14,8 @@ update. With dist_sync and dist_odsgd the servers update each parameter once per
 so one epoch is `steps_per_epoch` updates. (With dist_async each worker's push is an update:
 one epoch is `steps_per_epoch * num_workers` updates; `iterations_per_epoch` says so.)
 """
-from ..server_schedules import (MODES, ServerSafeSchedule, _rebuild,  # noqa: F401
-                                gluoncv_lr_scheduler_module, server_safe)
+from ..server.schedules import (MODES, ServerSafeSchedule, _rebuild, gluoncv_lr_scheduler_module,  # noqa: F401
+                                server_safe)
 
 
 def parse_epochs(text):

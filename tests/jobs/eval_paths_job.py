@@ -1,5 +1,5 @@
 """Cluster job of tests/test_eval_paths.py: what a script does while the global weights W are
-shown to an evaluation (odsgd/eval_weights.py), against the same run without the evaluation.
+shown to an evaluation (odsgd/worker/eval_weights.py), against the same run without the evaluation.
 
 Gluon (an MLP 20 -> 30 -> 5 on dist_odsgd, global SGD with momentum 0.9 and wd 1e-4, data that
 depends only on the rank and the step), --case:

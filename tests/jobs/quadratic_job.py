@@ -203,7 +203,7 @@ def run_module(args, kv):
 
     def record(_param):
         # the worker's own weights w_t, as the executor holds them (get_params shows the
-        # global model under the default ODSGD_EVAL_WEIGHTS=global, odsgd/eval_weights.py)
+        # global model under the default ODSGD_EVAL_WEIGHTS=global, odsgd/worker/eval_weights.py)
         arrays = dict(zip(mod._exec_group.param_names, mod._exec_group.param_arrays))
         local_w.append(arrays["fc_weight"][-1].asnumpy())
         local_b.append(arrays["fc_bias"][-1].asnumpy())

@@ -7,7 +7,7 @@ the round's sum and adds it to its weights w, which are therefore the same on ev
 and, after T steps of N workers, N (N + 1) / 2 * T (T + 1) / 2 everywhere.
 
 With ODSGD_CHECKPOINT_DIR set, rank 0 saves w every --save-every steps (a .npy file, then
-the whole-checkpoint marker of odsgd.checkpoint_index, last), and every worker resumes from
+the whole-checkpoint marker of odsgd.common.checkpoint_index, last), and every worker resumes from
 the newest whole checkpoint there. It prints its ODSGD_RESTART_COUNT, what it resumed from,
 `rank R step T` after every step and `rank R final V` at the end. Faults, on the first attempt
 only (ODSGD_RESTART_COUNT=0): --kill-at STEP (SIGKILL to itself), --raise-at STEP
@@ -28,11 +28,12 @@ RUN_NAME = "restart-job"
 
 
 def checkpoint_index():
-    """odsgd/checkpoint_index.py loaded by its path: `import odsgd.checkpoint_index` would run
-    the package's __init__, which loads the store on a worker, and this job tests the
-    launcher alone."""
+    """odsgd/common/checkpoint_index.py loaded by its path: `import
+    odsgd.common.checkpoint_index` would run the package's __init__, which loads the store on
+    a worker, and this job tests the launcher alone."""
     spec = importlib.util.spec_from_file_location(
-        "restart_job_checkpoint_index", os.path.join(REPO, "odsgd", "checkpoint_index.py"))
+        "restart_job_checkpoint_index",
+        os.path.join(REPO, "odsgd", "common", "checkpoint_index.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -79,7 +80,7 @@ def fault(args, rank, step, attempt):
 
 def exit_at_once_on_an_exception():
     """An uncaught exception ends this worker with exit code 1, as dist_odsgd's workers do
-    (odsgd.environment): on plain dist_sync the store, destroyed at exit, waits in ps-lite's
+    (odsgd.worker.environment): on plain dist_sync the store, destroyed at exit, waits in ps-lite's
     finalize barrier for the workers that wait for this one, and the job would hang."""
     def hook(kind, value, traceback):
         sys.__excepthook__(kind, value, traceback)

@@ -16,7 +16,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import odsgd  # noqa: E402
 import mxnet as mx  # noqa: E402
-from odsgd import checkpoint_index  # noqa: E402
+from odsgd.common import checkpoint_index  # noqa: E402
 
 IN, HIDDEN, CLASSES, BATCH = 30, 40, 6, 8
 

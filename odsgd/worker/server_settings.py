@@ -1,12 +1,12 @@
 """`ServerSettings`: what the servers must know before a step's rounds and that MXNet's dist
 store never tells them: the packings of new key groups, a learning rate set on the worker and
 Gluon's per-parameter multipliers. Each goes through the command channel of
-odsgd/server_updater.py, once, when it is new or changed."""
+odsgd/server/updater.py, once, when it is new or changed."""
 import logging
 
 import mxnet as mx
 
-from . import server_updater as servers
+from ..server import updater as servers
 
 LOG = logging.getLogger("odsgd")
 
@@ -72,7 +72,7 @@ class ServerSettings(object):
 
     def send_multipliers(self, plan):
         """Sends Gluon Parameters' lr_mult / wd_mult to the servers when they are new or
-        changed (odsgd/rates.py: the pickled optimizer loses them)."""
+        changed (odsgd/common/rates.py: the pickled optimizer loses them)."""
         changed = {}
         for position, (group, _) in enumerate(plan.groups):
             for index, param in zip(group.indices, plan.params[position]):

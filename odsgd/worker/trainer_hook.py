@@ -4,7 +4,7 @@ Both call the store once per parameter and step (`Trainer._allreduce_grads`, and
 `mxnet.model._update_params_on_kvstore` for Module), so a store that acts per call pays its
 fixed cost per parameter array. With dist_odsgd they make one call with every parameter's
 key, gradients and weights instead, and the store issues one fused operator and one push and
-pull per key group (odsgd/kvstore.py, odsgd/key_groups.py). For any other store both behave
+pull per key group (odsgd/worker/kvstore.py, odsgd/worker/key_groups.py). For any other store both behave
 exactly as MXNet's own code.
 
 One override each, installed by `import odsgd` (as Horovod's and BytePS's DistributedTrainer
@@ -12,17 +12,17 @@ override `_allreduce_grads`), so `gluon.Trainer(..., kvstore='dist_odsgd')` and
 `Module.fit(kvstore='dist_odsgd')` get it without a change to the user's code.
 
 Between steps the parameter arrays may show an inference forward the global weights instead
-of the local ones (odsgd/eval_weights.py): each step first puts the local weights back, and
+of the local ones (odsgd/worker/eval_weights.py): each step first puts the local weights back, and
 then tells eval_weights which arrays it wrote them into.
 
 A Trainer on one of MXNet's own stores that is to be checkpointed (odsgd.resume_or_start
 prepared it) also has its servers given the project's ServerOptimizer when it makes its store,
-and its steps counted (odsgd/mxnet_store_checkpoint.py): one more override,
+and its steps counted (odsgd/worker/mxnet_store_checkpoint.py): one more override,
 `Trainer._init_kvstore`, which does nothing else.
 
 This module imports nothing of odsgd but eval_weights and mxnet_store_checkpoint: the
 package's __init__ imports it to install the overrides, and it knows a dist_odsgd store by its
-type, not by the class in odsgd/kvstore.py.
+type, not by the class in odsgd/worker/kvstore.py.
 """
 import mxnet as mx
 from mxnet.kvstore import KVStoreBase

@@ -1,8 +1,8 @@
 """Which key group carries each of the user's keys: `KeyPlanner`, the store's plan of its keys.
 
 A user's key (the Trainer's index, or Module's name) is initialised into a key group of its
-own (odsgd/key_groups.py). The first call that hands the store several keys at once (a step of
-gluon.Trainer or Module, through odsgd/trainer_hook.py) packs their small parameters into
+own (odsgd/worker/key_groups.py). The first call that hands the store several keys at once (a step of
+gluon.Trainer or Module, through odsgd/worker/trainer_hook.py) packs their small parameters into
 fused groups, identically on every worker (checked collectively); later calls with the same
 keys reuse the plan (`StepPlan`).
 
@@ -25,7 +25,7 @@ import zlib
 
 import mxnet as mx
 
-from . import rates
+from ..common import rates
 from .key_groups import KeyGroup, part_bounds, server_keys
 
 LOG = logging.getLogger("odsgd")
@@ -100,7 +100,7 @@ def cuts_arrays(optimizer):
 
 def check_flat_arrays(optimizer):
     """ValueError for an optimizer that reads the shapes of arrays: the servers hold every
-    key as a flat array (odsgd/key_groups.py)."""
+    key as a flat array (odsgd/worker/key_groups.py)."""
     name = registered_name(optimizer)
     if name in SHAPE_READING_OPTIMIZERS:
         raise ValueError(
@@ -114,7 +114,7 @@ def layout_settings(config):
     shapes and order the workers compare key by key, agreement.check_same_shape): which
     parameters share a key, where an array is cut, how MXNet slices a big key and which server
     holds each key. Every worker must have the same (agreement.check_layout)."""
-    from .config import bigarray_bound
+    from ..common.config import bigarray_bound
     from .environment import num_servers
     return [("ODSGD_PART_ELEMENTS", config.part_elements),
             ("ODSGD_FUSION_ELEMENTS", config.fusion_elements),
@@ -160,7 +160,7 @@ class KeyPlanner(object):
     Parameters
     ----------
     raw : MXNet's dist_sync store underneath (fused groups are initialised on it)
-    agreement : odsgd.agreement.WorkerAgreement (the same fusion plan on every worker)
+    agreement : odsgd.worker.agreement.WorkerAgreement (the same fusion plan on every worker)
     fusion_elements : int
         Most elements of a fused group; 0 turns fusion off.
     part_elements : int

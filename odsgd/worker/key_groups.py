@@ -16,11 +16,11 @@ store never mixes int and string keys holds whatever keys the user has.
 A group's flat buffers are cut into *parts* of at most `ODSGD_PART_ELEMENTS` elements
 (config.py), each a server key of its own; MXNet places consecutive keys on different servers,
 so the parts of a big array spread over the servers. Each round of a part is one
-push-with-pull request (`kv.pushpull` on MXNet's store; odsgd/exchange.py): the servers answer
+push-with-pull request (`kv.pushpull` on MXNet's store; odsgd/worker/exchange.py): the servers answer
 it with the weights that round produced, so a part needs no second key and no fence, and the
 link carries one part's gradients in while another part's weights come back.
 
-Which keys share a group is planned in odsgd/key_plan.py.
+Which keys share a group is planned in odsgd/worker/key_plan.py.
 """
 import mxnet as mx
 import numpy as np

@@ -28,7 +28,7 @@ the time it was in flight. The names, by kind:
   comes once every worker's push of that round was applied.
 * pull: `KVStoreDistDefaultStoragePull` (kv.pull).
 * pushpull: `KVStoreDistDefaultStoragePushPull`: Gluon's Trainer under dist_sync and
-  dist_async, and dist_odsgd's rounds (one per part of a key group, odsgd/exchange.py), send
+  dist_async, and dist_odsgd's rounds (one per part of a key group, odsgd/worker/exchange.py), send
   a key's gradient and receive its new weights in one request (ps-lite's ZPushPull), one
   operation from the gradient's send to the weights' arrival: push and pull are in flight
   together, and the trace cannot split them.
@@ -86,7 +86,7 @@ def start_if_asked(rank, environ=None):
     """Starts MXNet's profiler for this worker when ODSGD_TIMELINE is set; returns the trace
     file, or None (and does nothing) when it is not. A second call is a no-op: the store and
     a job script may both call it."""
-    from .config import timeline_path
+    from ..common.config import timeline_path
     path = timeline_path(environ)
     if path is None:
         return None

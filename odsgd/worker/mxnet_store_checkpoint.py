@@ -5,7 +5,7 @@ MXNet cannot save a dist store's optimizer states ("Cannot save states for distr
 training"): they live on the servers, inside MXNet's own updater. So a Trainer that is to be
 checkpointed is *prepared* before its first step (`prepare`, which `odsgd.resume_or_start`
 calls): when it creates its store, the servers are given the global optimizer wrapped in the
-project's ServerOptimizer (odsgd/server_updater.py, the same optimizer's own update, with the
+project's ServerOptimizer (odsgd/server/updater.py, the same optimizer's own update, with the
 states kept per parameter) and each key's packing, so that they can write and read their
 states as dist_odsgd's servers do. The training is unchanged: the servers apply the same
 optimizer to the same sums.
@@ -30,7 +30,9 @@ import tempfile
 import mxnet as mx
 import numpy as np
 
-from . import checkpoint_index, server_schedules, server_updater, state_files, worker_states
+from ..common import checkpoint_index, state_files
+from ..server import schedules as server_schedules, updater as server_updater
+from . import states as worker_states
 from .weights_files import save_weights_atomically
 
 #: version of the worker states files written here
@@ -65,7 +67,7 @@ def prepare(trainer):
 
 
 def after_store_made(trainer):
-    """Called by the Trainer hook (odsgd/trainer_hook.py) when a prepared Trainer has made its
+    """Called by the Trainer hook (odsgd/worker/trainer_hook.py) when a prepared Trainer has made its
     store: a dist store's servers get the ServerOptimizer and every parameter's packing."""
     kv = trainer._kvstore
     if not getattr(trainer, "_odsgd_checkpointed", False) or kv is None or \

@@ -1,6 +1,6 @@
 """A worker whose step failed tells the other workers, which end instead of waiting forever.
 
-After a step failed part way on one worker (odsgd/failed_step.py), the other workers wait in
+After a step failed part way on one worker (odsgd/worker/failed_step.py), the other workers wait in
 that step's rounds for pushes that never come: the servers merge by count. `odsgd.launch` ends
 them when the failed worker exits, but a job started another way (MXNet's own tools/launch.py,
 a cluster manager, DMLC_* set by hand) has nothing that does: the job hangs.

@@ -5,7 +5,7 @@ checks ps-lite aborts a worker, or the job waits forever (docs/reliability.md).
 
 `WorkerAgreement` is given the DistODSGD store it checks for; it uses the store's MXNet dist
 store (`raw`), `rank`, `num_workers`, its global step count and its active key groups. The
-keys it creates are server keys of the store's own range (odsgd/key_groups.py), which never
+keys it creates are server keys of the store's own range (odsgd/worker/key_groups.py), which never
 shift what the servers' optimizer looks up.
 """
 import atexit
@@ -18,8 +18,8 @@ import zlib
 import mxnet as mx
 import numpy as np
 
-from . import config
-from . import server_updater as servers
+from ..common import config
+from ..server import updater as servers
 from .key_groups import CONTROL_KEY, GROUP_KEY_BASE, SIGNATURE_KEY_BASE
 
 # The control key: a (num_workers, _COLUMNS) table, one row per rank. The servers keep

@@ -3,7 +3,7 @@
 (dist_odsgd), from the standard MNIST files, or scikit-learn's bundled 8x8 digits (--digits).
 
     python -m odsgd.launch -n 2 -s 1 --launcher local \\
-        python scripts/train_mnist.py --data-dir data/mnist --kvstore dist_odsgd
+        python examples/train_mnist.py --data-dir data/mnist --kvstore dist_odsgd
 
 With `--max-restarts N --checkpoint-dir DIR` before the command and `--save-every-steps K
 --resume auto` in it, a job that fails is started again and goes on from its newest whole

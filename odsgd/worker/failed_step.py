@@ -1,6 +1,6 @@
 """A step that fails part way leaves a store that says so: `FailedStep`.
 
-A step sends one round per key group (odsgd/exchange.py) and the servers merge each key's
+A step sends one round per key group (odsgd/worker/exchange.py) and the servers merge each key's
 pushes by count, not by step. When a step raises after some of its rounds were sent (a local
 update that fails, a gather, Ctrl-C) and the caller catches the exception and goes on, the
 groups after the failure were never sent for that step: from then on this worker's rounds of
@@ -8,7 +8,7 @@ step s meet the other workers' rounds of step s - 1, and nothing would ever noti
 collective step checks count calls, not rounds). So the first such failure is recorded and
 every later call of the store raises `StoreFailedError` naming it; a save refuses instead of
 hanging or writing states that do not match the servers', and the worker ends with exit code
-1 at exit (odsgd/agreement.py) so that the launcher ends the job.
+1 at exit (odsgd/worker/agreement.py) so that the launcher ends the job.
 
 A call that is refused before it changes anything (a missing optimizer, a sparse array, keys
 never initialised) is not a failure of the store: its error is raised and the store goes on.
@@ -23,7 +23,7 @@ class StoreFailedError(RuntimeError):
 class FailedStep(object):
     """The first step of a store that failed after it began to change the store's state.
     `on_failure(step, error text)`, when set, is called once, at that failure (the store
-    tells the other workers: odsgd/failure_alarm.py)."""
+    tells the other workers: odsgd/worker/failure_alarm.py)."""
 
     def __init__(self):
         self.step = None

@@ -5,7 +5,7 @@ slow link when it may create network namespaces (root), and prints each mode's f
 accuracy (the last evaluation and the mean of the last three, so that one noisy point does
 not decide), samples/s and training time to the target accuracy.
 
-    python scripts/demo.py [--bandwidth-mbit 1000] [--epochs N] [--json runs/demo.json]
+    python examples/demo.py [--bandwidth-mbit 1000] [--epochs N] [--json runs/demo.json]
 
 Writes the JSON (top level: target_accuracy, bandwidth_mbit (0 = unshaped), modes: mode,
 final_test_accuracy (the last evaluation), final_accuracy_last3 (the mean of the last three),

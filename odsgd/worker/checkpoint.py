@@ -16,9 +16,9 @@ What a dist_odsgd job's state is, and where each part goes:
 | begin_num_update, the key layout                  |                                       |
 | the servers' global optimizer states (e.g. SGD    | `<prefix>-worker0.states.servers`,    |
 | momentum), whole per parameter, and update counts | joined by rank 0 from the servers'    |
-|                                                   | own files (odsgd/server_states.py)    |
+|                                                   | own files (odsgd/server/states.py)    |
 | that the checkpoint is whole: written last, by    | `<prefix>.whole.json`                 |
-| rank 0 after every worker saved                   | (odsgd/checkpoint_index.py)           |
+| rank 0 after every worker saved                   | (odsgd/common/checkpoint_index.py)           |
 
 The servers write their own files, so in a job over several machines `<prefix>` must be on a
 file system that the servers and rank 0 share. A checkpoint loads into a job with the same
@@ -30,12 +30,12 @@ import os
 
 import mxnet as mx
 
-from . import (checkpoint_index, eval_weights, mxnet_store_checkpoint, state_files,
-               worker_states)
+from ..common import checkpoint_index, state_files
+from . import eval_weights, mxnet_store_checkpoint, states as worker_states
 from .weights_files import file_crc32, save_weights_atomically
 
 #: The type of the store these helpers are for (DistODSGD.type). They know the store by it,
-#: not by its class: this module sits below odsgd/kvstore.py and imports nothing of it.
+#: not by its class: this module sits below odsgd/worker/kvstore.py and imports nothing of it.
 STORE_TYPE = "dist_odsgd"
 
 
@@ -52,7 +52,7 @@ def checkpoint_files(prefix, rank):
 
 def _store(trainer, what):
     """Whether `trainer` trains with dist_odsgd (False: one of MXNet's own stores, which
-    odsgd/mxnet_store_checkpoint.py saves)."""
+    odsgd/worker/mxnet_store_checkpoint.py saves)."""
     if not isinstance(trainer, mx.gluon.Trainer):
         raise TypeError("%s needs a gluon.Trainer, got %r" % (what, type(trainer).__name__))
     kv = trainer._kvstore if trainer._kv_initialized else trainer._kvstore_params["kvstore"]
@@ -62,7 +62,7 @@ def _store(trainer, what):
 def save_checkpoint(trainer, prefix, extra=None):
     """Saves the whole training state of this worker and, from rank 0, of the servers (see
     the module's table), then, once every worker has saved, rank 0 writes the checkpoint's
-    marker (odsgd/checkpoint_index.py): only a checkpoint with its marker is whole. Call it
+    marker (odsgd/common/checkpoint_index.py): only a checkpoint with its marker is whole. Call it
     on every worker after the same step. `extra`: a dict recorded in the marker (e.g. the
     epoch and the batch within it). Returns the files this worker wrote."""
     if not _store(trainer, "save_checkpoint"):
@@ -74,7 +74,7 @@ def save_checkpoint(trainer, prefix, extra=None):
     # Before any file: a save after a failed step would replace the weights of the last good
     # checkpoint at this prefix and then be refused.
     kv.failed_step.check("save_checkpoint")
-    # The parameters may show W to an evaluation (odsgd/eval_weights.py): w^i is saved.
+    # The parameters may show W to an evaluation (odsgd/worker/eval_weights.py): w^i is saved.
     eval_weights.shown_weights(kv).restore_local()
     params_file, states_file = checkpoint_files(prefix, kv.rank)
     if kv.rank == 0:

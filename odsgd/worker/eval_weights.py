@@ -10,7 +10,7 @@ parameter arrays show W to them instead, and w_t comes back before the next trai
 * an inference forward (`Module.forward(is_train=False)`, which `score`/`predict` call, or a
   Gluon block that holds a trained parameter, called while autograd is not recording) and
   `Module.get_params` (fit.py's checkpoints) first copy w_t aside and pull W into the arrays;
-* a training forward, and the store's next step (odsgd/trainer_hook.py), copy w_t back, so
+* a training forward, and the store's next step (odsgd/worker/trainer_hook.py), copy w_t back, so
   the local trajectory is exactly the one without evaluations.
 
 What a script does while W is shown stays right:
@@ -274,7 +274,7 @@ def _restore_every_store():
 
 
 def install():
-    """Installs the overrides (idempotent); odsgd/trainer_hook.py calls it."""
+    """Installs the overrides (idempotent); odsgd/worker/trainer_hook.py calls it."""
     _module.Module.forward = module_forward
     _module.Module.backward = module_backward
     _module.Module.get_params = module_get_params

@@ -3,12 +3,11 @@
 Each attempt is a child `python -m odsgd.launch` with the same options less the ones of this
 module (a fresh scheduler port, every process new); it writes how it ended into the file
 named by ODSGD_ATTEMPT_REPORT, and this process decides whether to start the next one. The
-single-attempt launcher (odsgd/launch.py) stays as it is; this module only starts it, reads
-checkpoint folders (odsgd.checkpoint_index) and imports nothing of MXNet.
+single-attempt launcher (odsgd/cluster/launch.py) stays as it is; this module only starts it, reads
+checkpoint folders (odsgd.common.checkpoint_index) and imports nothing of MXNet.
 """
 import argparse
 import collections
-import ctypes
 import json
 import logging
 import os
@@ -19,7 +18,8 @@ import sys
 import tempfile
 import time
 
-from .checkpoint_index import latest_checkpoint
+from ..common.checkpoint_index import latest_checkpoint
+from .parent_death import die_with_parent
 
 LOG = logging.getLogger("odsgd.launch")
 
@@ -226,24 +226,6 @@ class Stop(object):
         return self.CODES.get(self.signum, 1)
 
 
-def _die_with_parent():
-    """preexec_fn: the attempt's launcher gets SIGKILL when this one dies (Linux), and it
-    takes its job along (odsgd.launch's children are tied to it the same way)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec():
-        prctl(1, int(signal.SIGKILL), 0, 0, 0)    # PR_SET_PDEATHSIG
-        if os.getppid() != parent:               # this launcher died before prctl took effect
-            os._exit(1)
-    return preexec
-
-
 def run_attempt(argv, attempt, settings, stop, report_path):
     """Runs one attempt, `python -m odsgd.launch ARGV` in a session of its own (Ctrl-C at a
     terminal reaches this process only, which passes it on once); returns its Outcome."""
@@ -255,7 +237,7 @@ def run_attempt(argv, attempt, settings, stop, report_path):
     if os.path.exists(report_path):
         os.unlink(report_path)
     child = subprocess.Popen([sys.executable, "-m", "odsgd.launch"] + list(argv), env=env,
-                             start_new_session=True, preexec_fn=_die_with_parent())
+                             start_new_session=True, preexec_fn=die_with_parent())
     LOG.info("odsgd.launch: attempt %d of %d started (pid %d, %s=%d)", attempt + 1,
              settings.max_restarts + 1, child.pid, RESTART_COUNT_VARIABLE, attempt)
     while child.poll() is None:

@@ -9,7 +9,7 @@ them, so that the local step (docs/spec.md, section 4) uses the rates the global
   MXNet pickles the optimizer without `param_dict` (`Optimizer.__getstate__`), so with plain
   `dist_sync` Gluon's `Parameter.lr_mult` / `wd_mult` never reach the servers and are
   silently ignored there; dist_odsgd sends them as index multipliers
-  (odsgd/server_settings.py, `ServerSettings.send_multipliers`), so the servers apply what
+  (odsgd/worker/server_settings.py, `ServerSettings.send_multipliers`), so the servers apply what
   the user set.
 * `global_learning_rate(optimizer, step)`: the rate of global update `step`, counted as the
   servers count it (`begin_num_update` included).

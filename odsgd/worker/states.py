@@ -5,10 +5,10 @@ local optimizer's states), the global step, the global optimizer's update count 
 begin_num_update, and the key layout the job had (key_plan.layout_settings).
 
 Nothing in them depends on that layout: every state is kept per parameter (the user's key),
-whole, and the servers' states are joined per parameter too (odsgd/server_states.py), so a job
+whole, and the servers' states are joined per parameter too (odsgd/server/states.py), so a job
 may resume with another part size, fusion size or number of servers.
 
-The file itself (one entry per worker rank, atomic writes) is odsgd/state_files.py. The servers
+The file itself (one entry per worker rank, atomic writes) is odsgd/common/state_files.py. The servers
 write the states of the pieces they hold beside it, `fname + '.server<k>'`, which rank 0 joins
 into `fname + '.servers'` (`join_server_files`).
 """
@@ -16,19 +16,20 @@ import os
 
 import mxnet as mx
 
-from . import server_states, state_files
-from . import server_updater as servers
+from ..server import states as server_states
+from ..common import state_files
+from ..server import updater as servers
 from .environment import num_servers
 from .key_plan import layout_settings
 
 
 def save(store, fname, dump_optimizer):
     """DistODSGD.save_optimizer_states: this worker's states into `fname` (one entry per rank,
-    odsgd/state_files.py: workers that save to one path, as GluonCV's scripts do, keep each
+    odsgd/common/state_files.py: workers that save to one path, as GluonCV's scripts do, keep each
     other's entries; every write through a temporary file of its own) after everything it
     pushed is applied. On rank 0 also the servers' states, whole per parameter, into
     `servers_file(fname)`: each server writes the pieces it holds beside `fname` and rank 0
-    joins them (odsgd/server_states.py), so a job of another layout can load them; the
+    joins them (odsgd/server/states.py), so a job of another layout can load them; the
     servers and rank 0 must share that folder. Right after a load, with no step since, the
     servers' states are the loaded file's, copied."""
     mx.nd.waitall()   # every step this worker pushed is applied; W_t has arrived

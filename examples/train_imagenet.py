@@ -4,7 +4,7 @@
 sharded by rank, with GluonCV's recipe flags.
 
     python -m odsgd.launch -n 4 -s 4 -H hosts --launcher ssh \\
-        python scripts/train_imagenet.py --use-rec --rec-train train.rec \\
+        python examples/train_imagenet.py --use-rec --rec-train train.rec \\
         --rec-train-idx train.idx --rec-val val.rec --rec-val-idx val.idx \\
         --model resnet50_v1b --mode hybrid --num-gpus 4 --batch-size 64 \\
         --last-gamma --no-wd --label-smoothing --kvstore dist_odsgd
@@ -16,7 +16,7 @@ every --save-every-steps K steps:
 
     python -m odsgd.launch -n 4 -s 4 -H hosts --launcher ssh \\
         --max-restarts 3 --checkpoint-dir /shared/ckpt \\
-        python scripts/train_imagenet.py --use-rec ... --kvstore dist_odsgd \\
+        python examples/train_imagenet.py --use-rec ... --kvstore dist_odsgd \\
         --save-frequency 1 --keep-checkpoints 3 --resume auto
 
 GluonCV's scripts/classification/imagenet/train_imagenet.py command lines run as they are,

@@ -3,13 +3,13 @@
 with dist_sync, dist_async or OD-SGD (dist_odsgd), from the standard CIFAR-10 files.
 
     python -m odsgd.launch -n 4 -s 1 --launcher local \\
-        python scripts/train_cifar10.py --data-dir ~/.mxnet/datasets/cifar10 --kvstore dist_odsgd
+        python examples/train_cifar10.py --data-dir ~/.mxnet/datasets/cifar10 --kvstore dist_odsgd
 
 A job that survives failures, exactly (checkpoints every 500 steps, the job started again
 up to 3 times, each attempt going on from the newest whole checkpoint):
 
     python -m odsgd.launch -n 4 -s 1 --launcher local --max-restarts 3 --checkpoint-dir ckpt \\
-        python scripts/train_cifar10.py --kvstore dist_odsgd \\
+        python examples/train_cifar10.py --kvstore dist_odsgd \\
         --save-every-steps 500 --keep-checkpoints 3 --resume auto
 
 --data-dir holds the python version (data_batch_1..5, test_batch; or its

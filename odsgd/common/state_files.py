@@ -12,7 +12,7 @@ last worker to write would replace the others' local states. So:
   workers that share a path share the file without overwriting each other. A worker reads
   back its own entry.
 
-Imports nothing from MXNet: the servers (odsgd/server_updater.py) write their states through
+Imports nothing from MXNet: the servers (odsgd/server/updater.py) write their states through
 `write_atomically` while `import mxnet` is still running there.
 """
 import contextlib

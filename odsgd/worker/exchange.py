@@ -28,13 +28,13 @@ as soon as the gradient is gathered.
 """
 import mxnet as mx
 
-from . import native
-from . import server_updater as servers
+from .. import native
+from ..server import updater as servers
 from .local_update import fused_ops_take
 
 
 class RoundExchange(object):
-    """Rounds of key groups (odsgd/key_groups.py) on `raw`, MXNet's dist_sync store."""
+    """Rounds of key groups (odsgd/worker/key_groups.py) on `raw`, MXNet's dist_sync store."""
 
     def __init__(self, raw):
         self.raw = raw

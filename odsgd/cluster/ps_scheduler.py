@@ -10,7 +10,7 @@ core, at the moment every other process of the job imports it too. This module m
 same two calls of MXNet's C API (MXKVStoreCreate('dist'), MXKVStoreRunServer) on the library
 alone, which loads in a tenth of a second.
 
-    python odsgd/ps_scheduler.py --job 'python train.py ...'    # as odsgd.launch runs it
+    python odsgd/cluster/ps_scheduler.py --job 'python train.py ...'    # as odsgd.launch runs it
 
 with the DMLC_* variables the tracker sets; `--job` names the training command it stands in
 for, so that `ps` shows which job a scheduler belongs to (it is not run).
@@ -25,7 +25,7 @@ import sys
 _CONTROLLER = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 
 
-def mxnet_package_file(*parts, who="odsgd.ps_scheduler"):
+def mxnet_package_file(*parts, who="odsgd.cluster.ps_scheduler"):
     """Path of a file of the installed mxnet package, found without importing it (the
     import is what this module and odsgd.launch avoid); SystemExit naming `who` when mxnet
     or the file is missing."""
@@ -52,7 +52,7 @@ def library_path(environ=None):
 def _check(lib, code, call):
     if code != 0:
         lib.MXGetLastError.restype = ctypes.c_char_p
-        raise SystemExit("odsgd.ps_scheduler: %s failed: %s"
+        raise SystemExit("odsgd.cluster.ps_scheduler: %s failed: %s"
                          % (call, lib.MXGetLastError().decode("utf-8", "replace")))
 
 
@@ -63,7 +63,7 @@ def main(argv=None):
                          "it as a job's scheduler)")
     role = os.environ.get("DMLC_ROLE")
     if role != "scheduler":
-        raise SystemExit("odsgd.ps_scheduler: runs as a job's scheduler only (DMLC_ROLE is %r; "
+        raise SystemExit("odsgd.cluster.ps_scheduler: runs as a job's scheduler only (DMLC_ROLE is %r; "
                          "odsgd.launch starts it)" % role)
     lib = ctypes.CDLL(library_path(), ctypes.RTLD_LOCAL)
     handle = ctypes.c_void_p()

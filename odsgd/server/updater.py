@@ -9,12 +9,12 @@ acts on this server process (changes the rate, writes or reads the states, ...) 
 running `ServerOptimizer` back, which the server installs again.
 
 The workers' keys carry one parameter, several packed end to end, or a part of a big one
-(odsgd/key_groups.py; each key's packing registered by `group_packings_command`): a round
+(odsgd/worker/key_groups.py; each key's packing registered by `group_packings_command`): a round
 applies the optimizer to each parameter's piece on its own, with that parameter's index for the
 optimizer, so that lr_mult, wd_mult, the schedule count and the optimizer state are each
 parameter's, exactly as dist_sync's servers apply them when every parameter has its own key
 (the state of a parameter cut into parts is kept per piece, as dist_sync's servers keep theirs
-per slice of a big array; saved whole per parameter, odsgd/server_states.py).
+per slice of a big array; saved whole per parameter, odsgd/server/states.py).
 
 Workers send every command through `send_command` (MXNet's optimizer command, the one channel
 from a worker to the servers). Besides the parameters, `ServerOptimizer` knows two kinds of
@@ -35,7 +35,7 @@ worker waiting forever.
 
 This module is unpickled on the servers while `import mxnet` is still running there (the server
 loop starts inside it), so it imports only `mxnet.optimizer` and `mxnet.ndarray`, which are
-ready by then, and odsgd.state_files and odsgd.server_states, which need no MXNet.
+ready by then, and odsgd.common.state_files and odsgd.server.states, which need no MXNet.
 """
 import gc
 import math
@@ -46,9 +46,10 @@ import traceback
 
 from mxnet.optimizer import Optimizer
 
-from . import server_states
-from .rates import ScheduleAtAnyCount
-from .state_files import write_atomically
+from . import states as server_states
+from ..common.config import bigarray_bound
+from ..common.rates import ScheduleAtAnyCount
+from ..common.state_files import write_atomically
 
 #: The ServerOptimizer this server process runs (None on workers).
 _RUNNING = None
@@ -198,7 +199,7 @@ class ServerOptimizer(Optimizer):
 
     def _group_round(self, apply, key, weight, grad):
         """One round of a group key at the update count dist_sync's servers have in that
-        round. Rounds of different keys may arrive in any order (odsgd/exchange.py); dist_sync
+        round. Rounds of different keys may arrive in any order (odsgd/worker/exchange.py); dist_sync
         applies every key's round t before any round t+1, so its count in round t is
         begin_num_update + t + 1 for every key that trains every step. `_update_count` then
         only raises it to the parameter's own count, which is never higher."""
@@ -311,11 +312,6 @@ def _mxnet_slice(size, rank, count):
             int(math.floor(float(size) / count * (rank + 1) + 0.5)))
 
 
-def _bigarray_bound():
-    """MXNet's MXNET_KVSTORE_BIGARRAY_BOUND (odsgd.config.bigarray_bound, read here without
-    importing odsgd.config): keys of at least this many elements are sliced over the
-    servers."""
-    return int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", 1000 * 1000))
 
 
 def _held_pieces(keys):
@@ -327,7 +323,7 @@ def _held_pieces(keys):
         packing = _GROUPS.get(key)
         if packing is None:
             continue
-        if len(packing) == 1 and packing[0][2] >= _bigarray_bound():
+        if len(packing) == 1 and packing[0][2] >= bigarray_bound():
             index, _, size, part_of = packing[0]
             begin, end = _mxnet_slice(size, rank, count)
             pieces.append((index, max(part_of, 0) + begin, end - begin))
@@ -518,7 +514,7 @@ def _register_packings(packings):
 def group_packings_command(packings):
     """The body of the command that tells the servers which parameters their keys carry,
     {server key: [(optimizer index, offset, size, offset in the parameter or -1), ...]}
-    (odsgd/key_groups.py, `KeyGroup.packing`)."""
+    (odsgd/worker/key_groups.py, `KeyGroup.packing`)."""
     return _command(_register_packings,
                     {int(key): [tuple(int(x) for x in e) for e in packing]
                      for key, packing in packings.items()})
@@ -548,7 +544,7 @@ def _apply_multipliers(multipliers):
 def multipliers_command(multipliers):
     """The body of the command that gives the servers' optimizer per-index multipliers,
     {index: (lr_mult, wd_mult)}: Gluon's Parameter.lr_mult / wd_mult, which the pickled
-    optimizer loses on its way (MXNet drops its param_dict, see odsgd/rates.py)."""
+    optimizer loses on its way (MXNet drops its param_dict, see odsgd/common/rates.py)."""
     return _command(_apply_multipliers, {int(i): (float(a), float(b))
                                          for i, (a, b) in multipliers.items()})
 

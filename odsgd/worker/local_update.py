@@ -19,12 +19,12 @@ the NAG estimate of 'predict' and, for the SGD 'predict' with the 'previous' est
 change of the global weights; `var` the adaptive compensation's v; `local`, with lam != 0, a flat copy
 of w_t gathered from the parameters at every step, which the compensation term reads: the
 fused operator writes the weights without reading them, so it never waits for them), its rates, and how it
-runs on a whole key group (odsgd/key_groups.py): one fused C++ operator
+runs on a whole key group (odsgd/worker/key_groups.py): one fused C++ operator
 (`odsgd.native.multi_update_`) when the library is loaded and takes the arrays, the same
 formulas as NDArray ops per parameter otherwise (another dtype than float32, no library);
 both agree to float32 rounding. `UpdateParams` carries one call's hyper-parameters.
 
-Each parameter uses its own rates, as the servers apply them (odsgd/rates.py): the learning
+Each parameter uses its own rates, as the servers apply them (odsgd/common/rates.py): the learning
 rate times its lr_mult and the weight decay times its wd_mult, for 'predict' and 'sgd' alike
 (a frozen layer, lr_mult 0, stays where the servers keep it; biases with wd_mult 0 get no
 local weight decay).
@@ -39,8 +39,8 @@ from typing import List, Optional
 import mxnet as mx
 import numpy as np
 
-from . import native
-from .rates import global_learning_rate
+from .. import native
+from ..common.rates import global_learning_rate
 
 LOG = logging.getLogger("odsgd")
 
@@ -619,7 +619,7 @@ class LocalUpdater(object):
 
     Parameters
     ----------
-    config : odsgd.config.ODSGDConfig
+    config : odsgd.common.config.ODSGDConfig
     global_optimizer : mx.optimizer.Optimizer
         The optimizer the servers run (its rescale_grad, lr schedule, momentum and wd are read
         each step, so Trainer's changes are seen).
