@@ -98,6 +98,9 @@ def test_a_step_that_fails_part_way_stops_the_store_and_the_job(tmp_path):
            "failed on this worker (RuntimeError: injected failure of the local update) after " \
            "2 of its 3 key groups had sent their rounds" in output
     assert "caught StoreFailedError: pushpull refused. dist_odsgd: step 5 failed" in output
+    for what in ("set_optimizer", "barrier"):    # no call of the store goes through
+        assert "%s refused: StoreFailedError: %s refused. dist_odsgd: step 5 failed" \
+            % (what, "_barrier" if what == "barrier" else what) in output
     assert "step 6 done" in output
     # The handler's save was refused before it wrote a file: the good checkpoint of step 3 at
     # the same prefix is whole (its weights file is the one its states were saved with).

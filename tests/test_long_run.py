@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from cluster import run_job
+from cluster import JobError, run_job
 
 pytestmark = pytest.mark.timeout(600)
 STEPS, SAVE_AT = 20, 10
@@ -66,3 +66,17 @@ def test_a_save_right_after_a_load_keeps_the_servers_states(tmp_path, uninterrup
     run_job("long_run_job.py", ["--out", resumed, "--steps", STEPS, "--resume-from", again],
             timeout=150)
     assert max_relative_difference(weights(resumed), uninterrupted) <= 1e-6
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_checkpoint_of_another_number_of_workers_is_refused(tmp_path, workers):
+    """A checkpoint of 2 workers resumed with fewer (which loaded with the old gradient scale)
+    or more (which failed on a missing file): a ValueError naming both counts."""
+    prefix = str(tmp_path / "ckpt")
+    run_job("long_run_job.py", ["--out", tmp_path, "--steps", SAVE_AT, "--save-at", SAVE_AT,
+                                "--prefix", prefix], timeout=150)
+    with pytest.raises(JobError) as refused:
+        run_job("long_run_job.py", ["--out", tmp_path, "--steps", STEPS, "--resume-from",
+                                    prefix], workers=workers, timeout=150)
+    assert "was saved by a job of 2 workers; this job has %d" % workers in str(refused.value)
+    assert "resume it with 2 workers (-n 2)" in str(refused.value)

@@ -87,3 +87,35 @@ def test_mxnet_slices_of_a_big_key_tile_it(monkeypatch, size, servers):
              int(np.floor(size / servers * r + 0.5)) for r in range(servers)]
     assert begins[0] == 0
     assert [e - b for b, e in zip(begins, ends)] == sizes
+
+
+def test_a_server_keeps_only_the_pieces_it_holds_of_a_load(monkeypatch, tmp_path):
+    """The servers load a whole-parameter states file for the job's layout (its keys'
+    packings registered before): each server cuts the pieces its keys put on it and keeps
+    nothing else of the file, where every server used to keep all of it. Server 1 of 2, keys
+    50000 and 50001 (parts of parameter 3) and 50002 (parameters 4 and 5 packed): MXNet puts
+    key k on server (k * 9973) % 2."""
+    import pickle
+    import mxnet as mx
+    from odsgd.server import updater as servers
+    for name, value in (("_GROUPS", {}), ("_SERVER", [1, 2]), ("_LOCAL_PARTS", {}),
+                        ("_RUNNING", None)):
+        monkeypatch.setattr(servers, name, value)
+    running = pickle.loads(pickle.dumps(servers.ServerOptimizer(
+        mx.optimizer.SGD(learning_rate=0.1, momentum=0.9)), 0))
+    values = np.arange(20, dtype=np.float32)
+    packings = {50000: [(3, 0, 10, 0)], 50001: [(3, 0, 10, 10)],
+                50002: [(4, 0, 6, -1), (5, 6, 4, -1)]}
+    pickle.loads(servers.group_packings_command(packings).encode("ascii"))
+    saved = server_states.join([server_file(0, {
+        3: [(0, 20, (ARRAY, values.copy()))], 4: [(0, 6, (ARRAY, values[:6] * 3))],
+        5: [(0, 4, (ARRAY, values[:4] * 5))]})], {})
+    path = str(tmp_path / "states.servers")
+    with open(path, "wb") as f:
+        pickle.dump(saved, f)
+    held = sorted(k for k in packings if (k * 9973) % 2 == 1)
+    assert held == [50001]
+    pickle.loads(servers.load_states_command(path, 30, list(packings)).encode("ascii"))
+    assert running.loaded == {} and running.loaded_indices == {3, 4, 5}
+    assert sorted(running.states) == [(3, 10)]
+    np.testing.assert_array_equal(running.states[(3, 10)].asnumpy(), values[10:])

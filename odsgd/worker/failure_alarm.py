@@ -9,7 +9,9 @@ So every worker listens on a TCP port of its own from the moment its store is ma
 workers learn each other's address then (one collective gather through the servers). A worker
 whose step fails sends every other worker one line naming its rank, the step and the error;
 a worker that receives it writes the reason to stderr and ends with exit code 1, whatever it is
-blocked in. A line must carry the sender's token, a random number it published with its
+blocked in, after a grace of a few seconds (ALARM_GRACE_SECONDS, at most ODSGD_EXIT_WAIT): the
+failed worker, whose own error says most, ends first where it can, and a launcher that ends
+the job when a process fails names it. A line must carry the sender's token, a random number it published with its
 address, so that nothing but a worker of the same job can end one.
 
 The address is DMLC_NODE_HOST where the launcher sets it (odsgd.launch and dmlc_tracker's ssh
@@ -21,9 +23,14 @@ import random
 import socket
 import sys
 import threading
+import time
+
+from ..common.config import exit_wait_seconds
 
 #: seconds a worker tries to reach each other worker with its alarm
 SEND_SECONDS = 5.0
+#: seconds a worker that got an alarm waits before it ends (at most ODSGD_EXIT_WAIT)
+ALARM_GRACE_SECONDS = 5.0
 
 
 def local_address(environ=None):
@@ -100,6 +107,7 @@ class FailureAlarm(object):
                 self._end(message)
 
     def _end(self, message):
+        time.sleep(min(ALARM_GRACE_SECONDS, exit_wait_seconds()))
         sys.stderr.write(
             "dist_odsgd: worker %d's step %d failed (%s); the servers will never have its "
             "rounds of that step, so worker %d ends too. Resume the job from the last whole "

@@ -73,10 +73,13 @@ def main():
             trainer.step(2)
         except Exception as error:  # noqa: BLE001 - the careless loop under test
             say("caught %s: %s" % (type(error).__name__, error))
-            try:
-                odsgd.save_checkpoint(trainer, args.prefix)
-            except Exception as refused:  # noqa: BLE001
-                say("save refused: %s: %s" % (type(refused).__name__, refused))
+            for what, call in (("save", lambda: odsgd.save_checkpoint(trainer, args.prefix)),
+                               ("set_optimizer", lambda: kv.set_optimizer(trainer._optimizer)),
+                               ("barrier", kv._barrier)):
+                try:
+                    call()
+                except Exception as refused:  # noqa: BLE001
+                    say("%s refused: %s: %s" % (what, type(refused).__name__, refused))
         if step == args.good_save_at:
             odsgd.save_checkpoint(trainer, args.prefix)
         print("step %d done" % step, flush=True)
