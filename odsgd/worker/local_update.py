@@ -663,10 +663,6 @@ class LocalUpdater(object):
         self.prepare(group)
         self.rule.update_group(group, step, weights, grads, multipliers)
 
-    def forget_local_weights(self):
-        """Kept for scripts that call it after writing the parameters: the step reads w_t from
-        them at every step (LocalRule.local_weights)."""
-
     def update(self, key, step, weight, grad, global_weight, prev_global_weight,
                multipliers=(1.0, 1.0)):
         """One parameter on its own (its states kept per key): writes w_{step+1} into
