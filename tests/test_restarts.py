@@ -148,6 +148,21 @@ def test_report_of_an_attempt(tmp_path):
     assert restarts.read_report(missing, 0, 5) == Outcome(0, None, "finished")
 
 
+@pytest.mark.parametrize("returned,signum,code", [
+    (-signal.SIGKILL, None, 128 + signal.SIGKILL),  # the last attempt's launcher was killed
+    (-signal.SIGINT, signal.SIGINT, 130),  # Ctrl-C reached it before its handler
+    (1, signal.SIGTERM, 1),                # SIGTERM: a traceback's 1, the launcher's own 1
+])
+def test_the_exit_code_is_a_shells(returned, signum, code, monkeypatch):
+    """run() exits with a code os._exit can pass on: 128 + N where the attempt's launcher was
+    killed by signal N, and 130 / 1 after Ctrl-C / SIGTERM whatever the attempt returned."""
+    def attempt(argv, number, settings, stop, report_path):
+        stop.signum = signum
+        return restarts.read_report(report_path, returned, 5)
+    monkeypatch.setattr(restarts, "run_attempt", attempt)
+    assert restarts.run(["python"], Settings(0, "failure", None)) == code
+
+
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 1)])
 def test_signal_between_attempts_ends_the_job(monkeypatch, signum, code):
     """Ctrl-C / SIGTERM after an attempt ended and before the next starts: no next attempt,

@@ -120,24 +120,20 @@ class ProcessRecord(object):
         self.exited_at = None                  # time.time() when it exited, code 0 or not
 
     def describe_exit(self, returncode):
+        """In the words of the cause the restart loop reads (restarts.exit_cause)."""
+        cause = restarts.exit_cause(returncode, self.host is not None)
         if returncode < 0:
-            how = "was killed by signal %d (%s)" % (-returncode, _signal_name(-returncode))
-        elif returncode == 255 and self.host is not None:
+            how = "was killed by signal %d (%s)" % (
+                -returncode, restarts.signal_name(-returncode) or "unknown signal")
+        elif cause == "connection-lost":
             how = ("exited with code 255 (ssh: the connection to %s was lost or refused, or "
                    "the remote process was killed)" % self.host)
-        elif returncode > 128:
+        elif cause == "killed":
             how = ("exited with code %d (a shell's code for signal %d, %s)"
-                   % (returncode, returncode - 128, _signal_name(returncode - 128)))
+                   % (returncode, returncode - 128, restarts.signal_name(returncode - 128)))
         else:
             how = "exited with code %d" % returncode
         return "%s (pid %d) %s" % (self.label, self.process.pid, how)
-
-
-def _signal_name(number):
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return "unknown signal"
 
 
 class Job(object):

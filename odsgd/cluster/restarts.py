@@ -60,17 +60,23 @@ def exit_cause(returncode, over_ssh=False):
         return "killed"
     if returncode == 255 and over_ssh:
         return "connection-lost"
-    if returncode > 128 and _is_signal(returncode - 128):
+    if returncode > 128 and signal_name(returncode - 128) is not None:
         return "killed"
     return "exit-code"
 
 
-def _is_signal(number):
+def signal_name(number):
+    """'SIGKILL' for 9; None for a number that is no signal."""
     try:
-        signal.Signals(number)
+        return signal.Signals(number).name
     except ValueError:
-        return False
-    return True
+        return None
+
+
+def shell_code(code):
+    """A Popen exit code as a shell gives it: 128 + N for a process killed by signal N (Popen's
+    -N), which os._exit could not pass on."""
+    return 128 - code if code < 0 else code
 
 
 # -- options -------------------------------------------------------------------------------
@@ -271,8 +277,10 @@ def run(argv, settings):
                 "odsgd.launch: attempt %d of %d ended: %s; %s", attempt + 1,
                 settings.max_restarts + 1, outcome.reason or "exit code 0", words)
             if not restart:
-                return outcome.code
-        return outcome.code   # not reached: decide() stops at --max-restarts
+                # interrupted: the launcher's own code, 130 / 1, even where the signal reached
+                # the attempt's launcher before its handlers (killed by it, or a traceback)
+                return stop.code if outcome.cause == "interrupted" else shell_code(outcome.code)
+        return shell_code(outcome.code)   # not reached: decide() stops at --max-restarts
     finally:
         stop.restore()
         shutil.rmtree(folder, ignore_errors=True)
