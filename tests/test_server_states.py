@@ -119,3 +119,37 @@ def test_a_server_keeps_only_the_pieces_it_holds_of_a_load(monkeypatch, tmp_path
     assert running.loaded == {} and running.loaded_indices == {3, 4, 5}
     assert sorted(running.states) == [(3, 10)]
     np.testing.assert_array_equal(running.states[(3, 10)].asnumpy(), values[10:])
+
+
+def test_a_parameter_no_key_holds_at_a_load_keeps_its_state(monkeypatch, tmp_path):
+    """A parameter in the loaded file that no key of the layout holds at the load (a layer
+    frozen then, trained later: its new key may land on any server) keeps its state on every
+    server, cut at its first update; the states of parameters held by other servers go."""
+    import pickle
+    import mxnet as mx
+    from odsgd.server import updater as servers
+    for name, value in (("_GROUPS", {}), ("_SERVER", [1, 2]), ("_LOCAL_PARTS", {}),
+                        ("_RUNNING", None)):
+        monkeypatch.setattr(servers, name, value)
+    running = pickle.loads(pickle.dumps(servers.ServerOptimizer(
+        mx.optimizer.SGD(learning_rate=0.1, momentum=0.9)), 0))
+    values = np.arange(12, dtype=np.float32)
+    pickle.loads(servers.group_packings_command({50000: [(3, 0, 4, -1)]}).encode("ascii"))
+    assert (50000 * 9973) % 2 == 0               # parameter 3 is server 0's
+    saved = server_states.join([server_file(0, {
+        3: [(0, 4, (ARRAY, values[:4].copy()))], 7: [(0, 12, (ARRAY, values.copy()))]})], {})
+    path = str(tmp_path / "states.servers")
+    with open(path, "wb") as f:
+        pickle.dump(saved, f)
+    pickle.loads(servers.load_states_command(path, 30, [50000]).encode("ascii"))
+    assert sorted(running.loaded) == [7] and running.states == {}
+    # parameter 7 trained again, fused on a key this server holds: its loaded momentum
+    assert (50003 * 9973) % 2 == 1
+    pickle.loads(servers.group_packings_command({50003: [(7, 0, 12, -1)]}).encode("ascii"))
+    state = running._state(7, mx.nd.zeros((12,)))
+    np.testing.assert_array_equal(state.asnumpy(), values)
+    def fail(what):                               # a server ends its process there
+        raise RuntimeError(what)
+    monkeypatch.setattr(servers, "_fail", fail)
+    with pytest.raises(RuntimeError, match="not one of them"):
+        running._state(3, mx.nd.zeros((4,)))      # server 0's: dropped here

@@ -260,18 +260,21 @@ class ServerOptimizer(Optimizer):
         return server_states.server_file(pieces, optimizer.num_update, counts, rank,
                                          global_step)
 
-    def set_states(self, saved, pieces=None):
+    def set_states(self, saved, pieces=None, laid_out=()):
         """Loads a whole-parameter states file (server_states.join). `pieces`: [(index, first
         element, size)], the pieces this server holds in the job's layout (`_held_pieces`):
-        their states are cut now and nothing else of the file is kept. None (a process that
-        is no server): the file is kept and each piece is cut when it is first updated."""
+        their states are cut now. `laid_out`: the indices that layout puts on any server;
+        their states held elsewhere are dropped. The rest of the file (parameters that no key
+        of the layout holds yet, e.g. a layer frozen at the load and trained later, whose
+        key may land on any server) is kept and cut when first updated, as is the whole file
+        where `pieces` is None (a process that is no server)."""
         self.states, self.sizes = {}, {}
         parameters = dict(saved["parameters"])
         self.loaded_indices = frozenset(parameters)
         if pieces is None:
             self.loaded = parameters
         else:
-            self.loaded = {}
+            self.loaded = {i: state for i, state in parameters.items() if i not in laid_out}
             for index, begin, size in pieces:
                 if index in parameters:
                     self._cut_loaded(parameters, index, begin, size)
@@ -312,8 +315,6 @@ def _mxnet_slice(size, rank, count):
             int(math.floor(float(size) / count * (rank + 1) + 0.5)))
 
 
-
-
 def _held_pieces(keys):
     """[(optimizer index, first element, size)] of the pieces of parameters that the server
     keys `keys` (registered by group_packings_command) put on this server."""
@@ -330,6 +331,11 @@ def _held_pieces(keys):
         elif _holds_key(key):
             pieces.extend((index, max(part_of, 0), size) for index, _, size, part_of in packing)
     return pieces
+
+
+def _laid_out(keys):
+    """The optimizer indices that the server keys `keys` put on any server."""
+    return frozenset(p[0] for key in keys for p in _GROUPS.get(key, ()))
 
 
 def _holds_key(key):
@@ -609,7 +615,7 @@ def _load_states(path, global_step, keys):
             raise ValueError("%s holds the servers' states after step %d, but the worker "
                              "states after step %d: a save was cut short; load an earlier "
                              "checkpoint" % (path, saved["global_step"], global_step))
-        _RUNNING.set_states(saved, _held_pieces(keys))
+        _RUNNING.set_states(saved, _held_pieces(keys), _laid_out(keys))
     rank, _ = _this_server()
     return _on_states_file("server rank %d, loading the optimizer states from %s"
                            % (rank, path), load)
@@ -619,5 +625,6 @@ def load_states_command(path, global_step, keys):
     """The body of the command that makes every server load the whole-parameter states file
     `path` (server_states.join), saved after `global_step` steps (checked): each server
     keeps the states of the pieces that the server keys `keys` (the job's layout, their
-    packings registered before) put on it, and nothing else of the file."""
+    packings registered before) put on it, drops those they put on other servers, and keeps
+    the parameters that no key holds yet (ServerOptimizer.set_states)."""
     return _command(_load_states, str(path), int(global_step), [int(k) for k in keys])
