@@ -124,12 +124,22 @@ class ShownWeights(object):
 
     def _written_by_user(self):
         """Positions of the keys whose arrays differ from W as it was shown: written by the
-        user since. One wait, once per evaluation."""
-        counts = [sum((array != shown).sum() for array in devices).reshape((1,))
-                  for devices, shown in zip(self.arrays, self.shown)]
+        user since. One wait, once per evaluation.
+
+        `shown` lives on the first device's context: each device's array is compared with a
+        copy on its own context (as_in_context returns `shown` itself on the first), and the
+        counts meet on that first context. MXNet checks only that an operator's inputs are of
+        one device type, so a comparison across two GPUs would read one GPU's memory from a
+        kernel of the other."""
+        counts = []
+        for devices, shown in zip(self.arrays, self.shown):
+            home = shown.context
+            per_device = [(array != shown.as_in_context(array.context)).sum()
+                          .as_in_context(home) for array in devices]
+            counts.append(mx.nd.add_n(*per_device).reshape((1,)))
         if not counts:
             return set()
-        differ = mx.nd.concat(*counts, dim=0).asnumpy()
+        differ = mx.nd.concat(*[c.as_in_context(mx.cpu()) for c in counts], dim=0).asnumpy()
         return {position for position, count in enumerate(differ) if count}
 
     def _in_training_thread(self):
