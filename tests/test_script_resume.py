@@ -464,7 +464,7 @@ def test_symbolic_resumes_at_the_newest_whole_epoch_save(tmp_path):
     assert [h["epoch"] for h in read_results(save / "first.json")["history"]] == [1, 2]
     assert "no whole epoch save in %s; training starts at epoch 0" % save in \
         (save / "train_mnist.log").read_text()
-    marker = epoch_saves.epoch_marker_path(str(save / "mnist-mlp"), 2)
+    marker = checkpoint_index.marker_path(epoch_saves.epoch_prefix(str(save / "mnist-mlp"), 2))
     with open(marker) as f:
         assert json.load(f)["files"] == ["mnist-mlp-0002.params", "mnist-mlp-0002.states",
                                          "mnist-mlp-symbol.json"]
@@ -472,6 +472,39 @@ def test_symbolic_resumes_at_the_newest_whole_epoch_save(tmp_path):
     train("--num-epochs", 3, "--resume", "auto", "--json", save / "resumed.json")
     assert [h["epoch"] for h in read_results(save / "resumed.json")["history"]] == [2, 3]
     assert "epoch 1's save in %s" % save in (save / "train_mnist.log").read_text()
+
+
+@pytest.mark.timeout(300)
+def test_symbolic_run_restarted_from_its_epoch_save(tmp_path):
+    """Module.fit (--mode symbolic) under `odsgd.launch --max-restarts 1 --checkpoint-dir`: a
+    worker killed after the first epoch's save is whole; the launcher counts that save as the
+    attempt's progress and restarts, and the run goes on from it to its last epoch."""
+    restarted = tmp_path / "restarted"
+    flags = ["--digits", "--mode", "symbolic", "--kvstore", "dist_sync", "--batch-size", 64,
+             "--num-epochs", 3, "--save-frequency", 1, "--resume", "auto"]
+    job = restarting_launcher("train_mnist.py", flags, restarted)
+    try:
+        deadline = time.time() + 200
+        latest = None
+        while time.time() < deadline and job.process.poll() is None:
+            latest = checkpoint_index.latest_checkpoint(str(restarted))
+            if latest is not None:
+                break
+            time.sleep(0.05)
+        assert latest is not None and latest.extra["mode"] == "symbolic", job.output[-4000:]
+        worker = job.pids()["worker 1"]
+        os.kill(worker, signal.SIGKILL)
+        code = job.finish()
+    finally:
+        job.end()
+    output = job.output
+    assert code == 0, output[-6000:]
+    assert re.search(r"attempt 1 of 2 ended: worker 1 \(pid %d\) was killed by signal 9"
+                     % worker, output), output[-6000:]
+    assert re.search(r"restarting \(resumes from .*mnist-mlp-000\d, step \d+\)", output)
+    assert re.search(r"--resume auto \(symbolic: at epoch boundaries\): epoch \d's save",
+                     output), output[-6000:]
+    assert checkpoint_index.latest_checkpoint(str(restarted)).extra["epoch"] == 3
 
 
 @pytest.mark.timeout(480)

@@ -11,24 +11,22 @@ Symbolic mode (Module.fit): MXNet's PREFIX-symbol.json and PREFIX-EEEE.params
 its states (store.can_save_states: local stores and dist_odsgd), every worker also saves its
 own: PREFIX-EEEE.states (rank 0, which with dist_odsgd also has the servers write theirs beside
 it, PREFIX-EEEE.states.servers) and PREFIX-EEEE.worker<r>.states (rank r > 0). Once every
-worker has saved, rank 0 writes PREFIX-EEEE.saved.json, which names the files: --resume auto
-resumes from the newest epoch that has one (an epoch boundary, every worker from the global
-weights).
+worker has saved, rank 0 writes the marker of a whole checkpoint, PREFIX-EEEE.whole.json
+(odsgd/common/checkpoint_index.py), which names the files: --resume auto resumes from the
+newest epoch that has one (an epoch boundary, every worker from the global weights), and
+`odsgd.launch --max-restarts --checkpoint-dir` counts it as the progress of an attempt.
 
 EEEE is the number of epochs done (1 after the first epoch), so a run resumes with
 `--resume-params PREFIX-EEEE.params --resume-states PREFIX-EEEE.states --resume-epoch EEEE`;
 each worker then loads its own states file.
 """
-import glob
-import json
 import logging
 import os
 import re
 
-LOG = logging.getLogger("odsgd.training")
+from ..common import checkpoint_index
 
-#: the end of a symbolic epoch save's marker: PREFIX-EEEE.saved.json
-EPOCH_MARKER_SUFFIX = ".saved.json"
+LOG = logging.getLogger("odsgd.training")
 
 
 def prefix(save_dir, task, model):
@@ -40,16 +38,21 @@ def due(epochs_done, num_epochs, save_frequency):
     return epochs_done == num_epochs or (save_frequency > 0 and epochs_done % save_frequency == 0)
 
 
+def epoch_prefix(path_prefix, epochs_done):
+    """What the files of the save after `epochs_done` epochs begin with: PREFIX-EEEE."""
+    return "%s-%04d" % (path_prefix, epochs_done)
+
+
 def params_path(path_prefix, epochs_done):
     """The global weights saved after `epochs_done` epochs: PREFIX-EEEE.params."""
-    return "%s-%04d.params" % (path_prefix, epochs_done)
+    return epoch_prefix(path_prefix, epochs_done) + ".params"
 
 
 def states_path(path_prefix, epochs_done, rank):
     """Worker `rank`'s states file of the symbolic epoch save after `epochs_done` epochs."""
     if rank == 0:
-        return "%s-%04d.states" % (path_prefix, epochs_done)
-    return "%s-%04d.worker%d.states" % (path_prefix, epochs_done, rank)
+        return epoch_prefix(path_prefix, epochs_done) + ".states"
+    return "%s.worker%d.states" % (epoch_prefix(path_prefix, epochs_done), rank)
 
 
 def resume_states_path(path, rank):
@@ -74,41 +77,30 @@ def load_trainer_states(trainer, path, rank):
 
 
 # -- symbolic epoch saves: whole once rank 0 has written their marker ----------------------
-def epoch_marker_path(path_prefix, epochs_done):
-    return "%s-%04d%s" % (path_prefix, epochs_done, EPOCH_MARKER_SUFFIX)
+def begin_epoch_save(path_prefix, epochs_done):
+    """Before the files of a symbolic epoch save are written: its marker goes first, so that
+    a marker never stands beside the files of another save."""
+    checkpoint_index.remove_marker(epoch_prefix(path_prefix, epochs_done))
 
 
-def write_epoch_marker(path_prefix, epochs_done, files):
-    """Rank 0, after every worker saved epoch `epochs_done`'s `files`: the marker naming them
-    (through a temporary file renamed over it)."""
-    path = epoch_marker_path(path_prefix, epochs_done)
-    temporary = path + ".tmp"
-    with open(temporary, "w") as f:
-        json.dump({"epoch": epochs_done, "files": sorted(os.path.basename(p) for p in files)},
-                  f, indent=1)
-    os.replace(temporary, path)
-    return path
+def write_epoch_marker(path_prefix, epochs_done, files, step, store, num_workers):
+    """Rank 0, after every worker saved epoch `epochs_done`'s `files` (`step` global steps
+    done, by `num_workers` workers of kvstore `store`): the marker of a whole checkpoint."""
+    states = states_path(path_prefix, epochs_done, 0)
+    return checkpoint_index.write_marker(
+        epoch_prefix(path_prefix, epochs_done), step, store, num_workers, files,
+        extra={"mode": "symbolic", "epoch": epochs_done, "states": states in files})
 
 
 def latest_epoch_save(path_prefix):
     """(epochs done, {'params': path, 'states': rank 0's path or ''}) of the newest symbolic
     epoch save of PREFIX whose marker exists and whose files are all there, or None."""
-    pattern = re.compile(re.escape(os.path.basename(path_prefix)) + r"-(\d{4})" +
-                         re.escape(EPOCH_MARKER_SUFFIX) + "$")
-    found = []
-    for marker in glob.glob(glob.escape(path_prefix) + "-*" + EPOCH_MARKER_SUFFIX):
-        match = pattern.match(os.path.basename(marker))
-        try:
-            with open(marker) as f:
-                files = json.load(f)["files"]
-        except (OSError, ValueError, KeyError):
-            continue
-        folder = os.path.dirname(marker)
-        if match and all(os.path.exists(os.path.join(folder, name)) for name in files):
-            found.append((int(match.group(1)), files))
+    name = re.compile(re.escape(os.path.basename(path_prefix)) + r"-\d{4}$")
+    found = [c for c in checkpoint_index.whole_checkpoints(os.path.dirname(path_prefix) or ".")
+             if c.extra.get("mode") == "symbolic" and name.match(os.path.basename(c.prefix))]
     if not found:
         return None
-    epochs, files = max(found)
-    states = states_path(path_prefix, epochs, 0)
+    epochs = found[-1].extra["epoch"]
     return epochs, {"params": params_path(path_prefix, epochs),
-                    "states": states if os.path.basename(states) in files else ""}
+                    "states": states_path(path_prefix, epochs, 0)
+                    if found[-1].extra["states"] else ""}

@@ -60,6 +60,7 @@ def save(run, mod, symbol, epochs_done, params):
     os.makedirs(os.path.dirname(os.path.abspath(run.prefix)), exist_ok=True)
     written = []
     if run.rank == 0:
+        epoch_saves.begin_epoch_save(run.prefix, epochs_done)
         mx.model.save_checkpoint(run.prefix, epochs_done, symbol, *params)
         written += ["%s-symbol.json" % run.prefix, epoch_saves.params_path(run.prefix,
                                                                            epochs_done)]
@@ -72,7 +73,9 @@ def save(run, mod, symbol, epochs_done, params):
     # own): every worker's states file is written before rank 0 calls the save whole
     run.kv._barrier()
     if run.rank == 0:
-        epoch_saves.write_epoch_marker(run.prefix, epochs_done, written)
+        epoch_saves.write_epoch_marker(run.prefix, epochs_done, written,
+                                       epochs_done * run.steps, run.args.kvstore,
+                                       run.num_workers)
         LOG.info("saved %s", ", ".join(written))
 
 
