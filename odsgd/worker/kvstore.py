@@ -194,8 +194,7 @@ class DistODSGD(KVStoreBase):
         self.planner.check_call(keys, values, None, self.local)   # refusals change nothing
         with self.failed_step.guard(self.global_step, lambda: self.planner.groups_of(keys)):
             plan = self.planner.plan(keys, values, None, self.local, self.global_step)
-            self.settings.send_packings(self.planner)
-            self.settings.send_loaded_states(self.planner)
+            self.settings.before_push(self.planner)
             self.exchange.sync_round_steps([group for group, _ in plan.groups])
             for group, positions in plan.groups:
                 self.exchange.synchronous_round(

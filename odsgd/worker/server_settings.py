@@ -27,10 +27,15 @@ class ServerSettings(object):
         self.learning_rate = optimizer.lr
         self.multipliers = {}
 
-    def before_step(self, planner, plan, optimizer):
-        """Sends what changed before the step of `plan`'s groups."""
+    def before_push(self, planner):
+        """What the servers need before any round of `planner`'s keys (a push's too): the
+        packings of new groups, then the states loaded since (cut by those packings)."""
         self.send_packings(planner)
         self.send_loaded_states(planner)
+
+    def before_step(self, planner, plan, optimizer):
+        """Sends what changed before the step of `plan`'s groups."""
+        self.before_push(planner)
         self.send_learning_rate(optimizer)
         self.send_multipliers(plan)
 
