@@ -27,7 +27,7 @@ import time
 
 from ..common.config import exit_wait_seconds
 
-#: seconds a worker tries to reach each other worker with its alarm
+#: seconds a worker whose step failed spends on its alarm, reaching every other worker at once
 SEND_SECONDS = 5.0
 #: seconds a worker that got an alarm waits before it ends (at most ODSGD_EXIT_WAIT)
 ALARM_GRACE_SECONDS = 5.0
@@ -80,15 +80,20 @@ class FailureAlarm(object):
 
     def raise_alarm(self, step, error):
         """Tells every other worker that this worker's step `step` failed with `error` (a
-        text); best effort, SEND_SECONDS per worker at most."""
-        line = json.dumps({"rank": self.rank, "step": int(step), "error": str(error),
-                           "token": self.token}) + "\n"
-        for host, port, _token in self.peers.values():
-            try:
-                with socket.create_connection((host, port), timeout=SEND_SECONDS) as peer:
-                    peer.sendall(line.encode("utf-8"))
-            except OSError:
-                pass   # that worker is gone already
+        text); best effort, SEND_SECONDS in all at most. It runs inside the failing step's
+        error handling: the workers are reached at once, each from a daemon thread of its own,
+        so that unreachable ones delay this worker's own error by SEND_SECONDS, not by
+        SEND_SECONDS each (a thread still connecting then is left behind)."""
+        line = (json.dumps({"rank": self.rank, "step": int(step), "error": str(error),
+                            "token": self.token}) + "\n").encode("utf-8")
+        deadline = time.monotonic() + SEND_SECONDS
+        senders = [threading.Thread(target=_send, args=(host, port, line, SEND_SECONDS),
+                                    name="odsgd failure alarm to rank %d" % rank, daemon=True)
+                   for rank, (host, port, _token) in sorted(self.peers.items())]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join(max(0.0, deadline - time.monotonic()))
 
     def _listen(self):
         while True:
@@ -116,3 +121,12 @@ class FailureAlarm(object):
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(1)
+
+
+def _send(host, port, line, timeout):
+    """Sends `line` (bytes) to the worker listening at host:port; nothing if it is gone."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as peer:
+            peer.sendall(line)
+    except OSError:
+        pass   # that worker is gone already
