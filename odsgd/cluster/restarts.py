@@ -27,6 +27,14 @@ LOG = logging.getLogger("odsgd.launch")
 RESTART_COUNT_VARIABLE = "ODSGD_RESTART_COUNT"
 #: --checkpoint-dir as an absolute path, set for every process of the job
 CHECKPOINT_DIR_VARIABLE = "ODSGD_CHECKPOINT_DIR"
+
+
+def attempt_number(environ=None):
+    """This process's attempt of a job under --max-restarts (ODSGD_RESTART_COUNT): 0 for the
+    first, and where no launcher set it."""
+    return int((os.environ if environ is None else environ).get(RESTART_COUNT_VARIABLE) or 0)
+
+
 #: where an attempt's launcher writes its report (popped there: no process of the job gets it)
 REPORT_VARIABLE = "ODSGD_ATTEMPT_REPORT"
 

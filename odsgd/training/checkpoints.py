@@ -26,6 +26,7 @@ import signal
 
 import odsgd
 
+from ..cluster import restarts
 from ..common import checkpoint_index
 from . import epoch_saves
 
@@ -130,7 +131,7 @@ class Saves(object):
         self.run, self.trainer, self.history, self.model = run, trainer, history, model
         self.every = run.args.save_every_steps
         self.stop_step = run.args.stop_after_steps
-        first_attempt = os.environ.get("ODSGD_RESTART_COUNT", "0") in ("", "0")
+        first_attempt = restarts.attempt_number() == 0
         self.fail_step = run.args.fail_after_steps if first_attempt and run.rank == 0 else 0
 
     def after_step(self, epoch, batches_done):

@@ -9,6 +9,8 @@ result with `check_arguments` (which also turns --lr-decay-period into --lr-deca
 import argparse
 import os
 
+from ..cluster import restarts
+
 KVSTORES = ("local", "device", "dist_sync", "dist_async", "dist_odsgd")
 #: --save-dir when neither the flag nor the launcher's ODSGD_CHECKPOINT_DIR gives one
 DEFAULT_SAVE_DIR = "params"
@@ -225,7 +227,8 @@ def resolve_save_dir(args, environ=None):
     """--save-dir, else the launcher's ODSGD_CHECKPOINT_DIR (python -m odsgd.launch
     --checkpoint-dir), else DEFAULT_SAVE_DIR."""
     environ = os.environ if environ is None else environ
-    args.save_dir = args.save_dir or environ.get("ODSGD_CHECKPOINT_DIR") or DEFAULT_SAVE_DIR
+    args.save_dir = args.save_dir or environ.get(restarts.CHECKPOINT_DIR_VARIABLE) or \
+        DEFAULT_SAVE_DIR
     return args
 
 

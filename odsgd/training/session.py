@@ -20,6 +20,8 @@ import os
 
 import mxnet as mx
 
+from ..cluster import restarts
+
 from . import (checkpoints, data, epoch_saves, imperative, logs, networks, options, schedule,
                store, symbolic)
 
@@ -105,10 +107,10 @@ def resume_point(task, args):
     newest whole checkpoint of --save-dir (checkpoints.find_resume_point), or None; symbolic
     mode, the newest whole epoch save, set as --resume-params, --resume-states and
     --resume-epoch (None returned). Logs a launcher restart that does not resume."""
-    restarts = os.environ.get("ODSGD_RESTART_COUNT", "0")
-    if restarts not in ("", "0") and args.resume != "auto":
-        LOG.warning("restart %s of the launcher without --resume auto: training starts over",
-                    restarts)
+    attempt = restarts.attempt_number()
+    if attempt and args.resume != "auto":
+        LOG.warning("restart %d of the launcher without --resume auto: training starts over",
+                    attempt)
     if args.resume != "auto" or args.mode != "symbolic":
         return checkpoints.find_resume_point(args)
     found = epoch_saves.latest_epoch_save(epoch_saves.prefix(args.save_dir, task.name,
