@@ -30,19 +30,29 @@ WORKER_FILE_FORMAT = 4
 WORKER_STATES_FORMAT = 5
 
 
-def write_atomically(path, value):
-    """Pickles `value` into `path` through a temporary file of this call's own."""
+def replace_atomically(path, write):
+    """Writes `path` through a temporary file of this call's own in the same folder, renamed
+    over `path`: `write(temporary)` writes the file by its name. A write cut short leaves
+    `path` as it was, and no temporary file."""
     folder = os.path.dirname(os.path.abspath(path))
     handle, temporary = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".",
                                          suffix=".tmp")
+    os.close(handle)
     try:
-        with os.fdopen(handle, "wb") as f:
-            pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
+        write(temporary)
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+
+
+def write_atomically(path, value):
+    """Pickles `value` into `path` through a temporary file of this call's own."""
+    def pickled(temporary):
+        with open(temporary, "wb") as f:
+            pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
+    replace_atomically(path, pickled)
 
 
 @contextlib.contextmanager

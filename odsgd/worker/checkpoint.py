@@ -32,7 +32,7 @@ import mxnet as mx
 
 from ..common import checkpoint_index, state_files
 from . import eval_weights, mxnet_store_checkpoint, states as worker_states
-from .weights_files import file_crc32, save_weights_atomically
+from .weights_files import checkpoint_files, file_crc32, save_weights_atomically
 
 #: The type of the store these helpers are for (DistODSGD.type). They know the store by it,
 #: not by its class: this module sits below odsgd/worker/kvstore.py and imports nothing of it.
@@ -45,17 +45,12 @@ def is_odsgd_store(kv):
     return isinstance(kv, mx.kvstore.KVStoreBase) and getattr(kv, "type", None) == STORE_TYPE
 
 
-def checkpoint_files(prefix, rank):
-    """(weights file, states file) of worker `rank`."""
-    return "%s-worker%d.params" % (prefix, rank), "%s-worker%d.states" % (prefix, rank)
-
-
 def _store(trainer, what):
     """Whether `trainer` trains with dist_odsgd (False: one of MXNet's own stores, which
     odsgd/worker/mxnet_store_checkpoint.py saves)."""
     if not isinstance(trainer, mx.gluon.Trainer):
         raise TypeError("%s needs a gluon.Trainer, got %r" % (what, type(trainer).__name__))
-    kv = trainer._kvstore if trainer._kv_initialized else trainer._kvstore_params["kvstore"]
+    kv = mxnet_store_checkpoint.trainer_store(trainer)
     return is_odsgd_store(kv) or (isinstance(kv, str) and kv.lower() == STORE_TYPE)
 
 
@@ -170,10 +165,7 @@ def load_checkpoint(trainer, prefix):
         raise ValueError("load_checkpoint must come before the first trainer.step (the servers "
                          "take the global weights from rank 0's parameters when the store is "
                          "created)")
-    kv = trainer._kvstore_params.get("kvstore")
-    if isinstance(kv, str) and kv.lower() == STORE_TYPE:
-        kv = mx.kv.create(kv)   # here, as the Trainer would, to read the rank first
-        trainer._kvstore_params["kvstore"] = kv
+    kv = mxnet_store_checkpoint.store_made_now(trainer)   # to read the rank first
     if not is_odsgd_store(kv):
         raise ValueError("load_checkpoint is for a Trainer with kvstore='dist_odsgd'; this one "
                          "has kvstore=%r" % (kv,))

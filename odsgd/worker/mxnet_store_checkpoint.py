@@ -33,22 +33,34 @@ import numpy as np
 from ..common import checkpoint_index, state_files
 from ..server import schedules as server_schedules, updater as server_updater
 from . import states as worker_states
-from .weights_files import save_weights_atomically
+from .weights_files import checkpoint_files, save_weights_atomically
 
 #: version of the worker states files written here
 FORMAT = 1
 
 
-def is_mxnet_store(kv):
-    """Whether the Trainer's store `kv` (or its name) is one of MXNet's own (not dist_odsgd)."""
-    name = kv if isinstance(kv, str) else getattr(kv, "type", None)
-    return name is not None and str(name).lower() != "dist_odsgd"
+def trainer_store(trainer):
+    """The Trainer's store once it has made it; before, what it was given: a store, its name,
+    or None (odsgd/worker/checkpoint.py asks it too)."""
+    return trainer._kvstore if trainer._kv_initialized else trainer._kvstore_params["kvstore"]
+
+
+def store_made_now(trainer):
+    """Before the Trainer's first step: the store it was given, made here from its name where
+    that is a dist store's ('dist_sync', 'dist_odsgd', ...) and handed to the Trainer, so that
+    the rank can be read before the Trainer would make it; a local store's name, or None, as
+    it is (odsgd/worker/checkpoint.py loads with it too)."""
+    kv = trainer._kvstore_params["kvstore"]
+    if isinstance(kv, str) and kv.lower().startswith("dist"):
+        kv = mx.kv.create(kv)
+        trainer._kvstore_params["kvstore"] = kv
+    return kv
 
 
 def store_name(trainer):
     """The type of the Trainer's store: its name before the store exists, 'local' where the
     Trainer made none (one device)."""
-    kv = trainer._kvstore if trainer._kv_initialized else trainer._kvstore_params["kvstore"]
+    kv = trainer_store(trainer)
     if kv is None:
         return "local"
     return kv if isinstance(kv, str) else kv.type
@@ -111,7 +123,7 @@ def save(trainer, prefix, extra=None):
     kv, name = trainer._kvstore, store_name(trainer)
     distributed = kv is not None and "dist" in kv.type
     rank, workers = (kv.rank, kv.num_workers) if kv is not None else (0, 1)
-    params_file, states_file = _files(prefix, rank)
+    params_file, states_file = checkpoint_files(prefix, rank)
     if rank == 0:
         checkpoint_index.remove_marker(prefix)
     mx.nd.waitall()   # this worker's pushes are applied, its last pull has arrived
@@ -131,7 +143,7 @@ def save(trainer, prefix, extra=None):
     if distributed:
         kv._barrier()
     if rank == 0:
-        files = [f for r in range(workers) for f in _files(prefix, r)]
+        files = [f for r in range(workers) for f in checkpoint_files(prefix, r)]
         files += [worker_states.servers_file(states_file)] if distributed else []
         checkpoint_index.write_marker(prefix, trainer._odsgd_steps, name, workers, files,
                                       extra)
@@ -143,12 +155,9 @@ def load(trainer, prefix):
     prepare(trainer)
     if trainer._kv_initialized:
         raise ValueError("load_checkpoint must come before the first trainer.step")
-    kv = trainer._kvstore_params["kvstore"]
-    if isinstance(kv, str) and kv.startswith("dist"):
-        kv = mx.kv.create(kv)   # here, to read the rank first
-        trainer._kvstore_params["kvstore"] = kv
+    kv = store_made_now(trainer)
     rank = kv.rank if isinstance(kv, mx.kvstore.KVStoreBase) else 0
-    params_file, states_file = _files(prefix, rank)
+    params_file, states_file = checkpoint_files(prefix, rank)
     saved = _read_states(states_file, prefix, kv)
     trainer._optimizer.rescale_grad = saved["rescale_grad"]   # what the saving job's step set
     own = mx.nd.load(params_file)
@@ -167,10 +176,6 @@ def load(trainer, prefix):
     _set_parameters(trainer, own, params_file)
     trainer._odsgd_steps = saved["step"]
     mx.nd.waitall()
-
-
-def _files(prefix, rank):
-    return "%s-worker%d.params" % (prefix, rank), "%s-worker%d.states" % (prefix, rank)
 
 
 def _read_states(states_file, prefix, kv):

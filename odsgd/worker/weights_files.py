@@ -1,24 +1,22 @@
-"""Weights files of checkpoints: written whole or not at all, and known by their CRC-32."""
-import os
-import tempfile
+"""Files of checkpoints: their names, weights files written whole or not at all, and known by
+their CRC-32."""
 import zlib
 
 import mxnet as mx
+
+from ..common.state_files import replace_atomically
+
+
+def checkpoint_files(prefix, rank):
+    """(weights file, states file) of worker `rank`: the names both kinds of checkpoint use
+    (odsgd/worker/checkpoint.py, odsgd/worker/mxnet_store_checkpoint.py)."""
+    return "%s-worker%d.params" % (prefix, rank), "%s-worker%d.states" % (prefix, rank)
 
 
 def save_weights_atomically(path, arrays):
     """mx.nd.save through a temporary file of this call's own, renamed over `path`: a save
     cut short leaves the file before it whole (mx.nd.save writes in place)."""
-    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
-                                         prefix=os.path.basename(path) + ".", suffix=".tmp")
-    os.close(handle)
-    try:
-        mx.nd.save(temporary, arrays)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+    replace_atomically(path, lambda temporary: mx.nd.save(temporary, arrays))
 
 
 def file_crc32(path):
