@@ -135,3 +135,27 @@ class WatchedLauncher(object):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def started_jobs(job_class):
+    """The body of a fixture that starts jobs: yields start(*args, **kwargs), a new
+    job_class(*args, **kwargs) (a WatchedLauncher), and ends every job it started after the
+    test."""
+    jobs = []
+
+    def start(*args, **kwargs):
+        job = job_class(*args, **kwargs)
+        jobs.append(job)
+        return job
+    yield start
+    for job in jobs:
+        job.end()
+
+
+def assert_no_leftovers(job):
+    """No process of `job` (a WatchedLauncher: its tag in the command line) is left."""
+    deadline = time.time() + 5   # the kernel may take a moment to reap a killed process
+    while job.leftovers() and time.time() < deadline:
+        time.sleep(0.2)
+    assert job.leftovers() == [], "processes left behind:\n%s\n%s" % (job.leftovers(),
+                                                                       job.output[-3000:])

@@ -14,7 +14,7 @@ import uuid
 import numpy as np
 import pytest
 
-from cluster import JOBS, REPO, WatchedLauncher, run_job
+from cluster import JOBS, REPO, WatchedLauncher, assert_no_leftovers, run_job, started_jobs
 from quadratic_simulation import RTOL, ATOL, simulate
 
 pytestmark = pytest.mark.timeout(300)
@@ -45,22 +45,7 @@ class LiveJob(WatchedLauncher):
 
 @pytest.fixture
 def live_jobs():
-    jobs = []
-
-    def start(*args, **kwargs):
-        job = LiveJob(*args, **kwargs)
-        jobs.append(job)
-        return job
-    yield start
-    for job in jobs:
-        job.end()
-
-
-def assert_no_leftovers(job):
-    deadline = time.time() + 5   # the kernel may take a moment to reap a killed process
-    while job.leftovers() and time.time() < deadline:
-        time.sleep(0.2)
-    assert job.leftovers() == [], "processes left behind:\n%s" % job.leftovers()
+    yield from started_jobs(LiveJob)
 
 
 # -- failure detection -----------------------------------------------------------------------

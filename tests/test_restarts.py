@@ -6,12 +6,11 @@ import os
 import re
 import signal
 import sys
-import time
 import uuid
 
 import pytest
 
-from cluster import JOBS, REPO, WatchedLauncher
+from cluster import JOBS, REPO, WatchedLauncher, assert_no_leftovers, started_jobs
 from odsgd.common import checkpoint_index
 from odsgd.cluster import restarts
 from odsgd.cluster.launch import parse_restart_options
@@ -189,7 +188,9 @@ def test_signal_between_attempts_ends_the_job(monkeypatch, signum, code):
 # -- real jobs -----------------------------------------------------------------------------
 class AttemptsJob(WatchedLauncher):
     """`python -m odsgd.launch --launcher local ... restart_job.py` that a test watches while
-    it runs; `tag`, unique to it, is on every command line of the job (tests/cluster.py)."""
+    it runs; `tag`, unique to it, is on every command line of the job, the attempts'
+    launchers' included: WatchedLauncher.end and assert_no_leftovers find them all
+    (tests/cluster.py)."""
 
     def __init__(self, launcher_options, job_args, timeout=60):
         tag = "odsgd-restart-test-%s" % uuid.uuid4().hex
@@ -204,55 +205,13 @@ class AttemptsJob(WatchedLauncher):
         # every attempt may take the whole --job-timeout
         super(AttemptsJob, self).__init__(command, env, 3 * timeout, tag)
 
-    def started_pids(self):
-        """Every pid the launchers printed: attempts and the processes of their jobs."""
-        return [int(m.group(1)) for m in
-                re.finditer(r"started .*?\(pid (\d+)", self.output)]
-
     def attempts_started(self):
         return re.findall(r"attempt (\d+) of \d+ started", self.output)
-
-    def alive(self, pid):
-        """True while `pid` runs and is one of this job's (its command line has the tag;
-        the attempts' launchers have it too): a zombie or a reused pid is not."""
-        try:
-            with open("/proc/%d/stat" % pid) as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    return False
-            with open("/proc/%d/cmdline" % pid, "rb") as f:
-                return self.tag.encode() in f.read()
-        except (OSError, IndexError):
-            return False
-
-    def end(self):
-        """Ends the launcher and its job (WatchedLauncher.end), then every pid the launchers
-        printed that is still one of this job's."""
-        super(AttemptsJob, self).end()
-        for pid in self.started_pids():
-            if self.alive(pid):
-                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture
 def jobs():
-    started = []
-
-    def start(*args, **kwargs):
-        job = AttemptsJob(*args, **kwargs)
-        started.append(job)
-        return job
-    yield start
-    for job in started:
-        job.end()
-
-
-def assert_nothing_left(job):
-    pids = job.started_pids()
-    assert pids, job.output[-3000:]
-    deadline = time.time() + 5   # the kernel may take a moment to reap a killed process
-    while [p for p in pids if job.alive(p)] and time.time() < deadline:
-        time.sleep(0.2)
-    assert [p for p in pids if job.alive(p)] == [], job.output[-3000:]
+    yield from started_jobs(AttemptsJob)
 
 
 def finals(output):
@@ -285,7 +244,7 @@ def test_killed_worker_restarts_the_job_from_its_checkpoint(jobs, tmp_path):
         assert "rank %d resumed from %s step %d" % (rank, prefix, resumed) in output
     assert finals(output) == {r: [final_weight(steps)] * 8 for r in range(WORKERS)}
     assert "attempt 2 of 2 ended: exit code 0; the job is done" in output
-    assert_nothing_left(job)
+    assert_no_leftovers(job)
 
 
 def test_without_restarts_a_killed_worker_fails_the_job(jobs):
@@ -297,7 +256,7 @@ def test_without_restarts_a_killed_worker_fails_the_job(jobs):
                      r"job", output), output[-4000:]
     assert "attempt" not in output and "ODSGD_RESTART_COUNT=0" in output
     assert "final" not in output
-    assert_nothing_left(job)
+    assert_no_leftovers(job)
 
 
 @pytest.mark.parametrize("restart_on", ["failure", "any"])
@@ -318,7 +277,7 @@ def test_worker_exception_restarts_only_with_restart_on_any(jobs, restart_on):
         assert ended.group(1) == "restarting"
         assert len(re.findall(r"rank \d pid \d+ ODSGD_RESTART_COUNT=1 ", output)) == WORKERS
         assert finals(output) == {r: [final_weight(20)] * 8 for r in range(WORKERS)}
-    assert_nothing_left(job)
+    assert_no_leftovers(job)
 
 
 def test_failed_attempt_without_a_new_checkpoint_gives_up(jobs, tmp_path):
@@ -331,7 +290,7 @@ def test_failed_attempt_without_a_new_checkpoint_gives_up(jobs, tmp_path):
                      r"\(SIGKILL\); giving up: the attempt made no new whole checkpoint in "
                      r"%s \(there is none\)" % re.escape(str(tmp_path)), output), output[-4000:]
     assert job.attempts_started() == ["1"]
-    assert_nothing_left(job)
+    assert_no_leftovers(job)
 
 
 @pytest.mark.parametrize("signum,code", [(signal.SIGTERM, 1), (signal.SIGINT, 130)])
@@ -344,7 +303,7 @@ def test_signal_to_the_launcher_ends_the_job_without_restart(jobs, signum, code)
     assert re.search(r"attempt 1 of 3 ended: .*; stopped by Ctrl-C / SIGTERM to the "
                      r"launcher, never restarted", output), output[-4000:]
     assert job.attempts_started() == ["1"]
-    assert_nothing_left(job)
+    assert_no_leftovers(job)
 
 
 def test_killed_server_restarts_the_job(jobs, tmp_path):
@@ -370,4 +329,4 @@ def test_killed_server_restarts_the_job(jobs, tmp_path):
                                                           resumed)
     assert output.count("resumed from %s step %d" % (ended.group(1), resumed)) == WORKERS
     assert finals(output) == {r: [final_weight(steps)] * 8 for r in range(WORKERS)}
-    assert_nothing_left(job)
+    assert_no_leftovers(job)
