@@ -452,7 +452,10 @@ class _SeededItems(mx.gluon.data.Dataset):
         if seed is not None:
             random.seed(seed)
             np.random.seed(seed)
-            mx.random.seed(seed)
+            # the CPU's generator only: the image operators here run on the CPU, and in a
+            # data-loading process forked from a GPU worker seeding 'all' devices would
+            # touch CUDA, which a forked child cannot use
+            mx.random.seed(seed, ctx=mx.cpu())
         image, label = self.dataset[index]
         return self.transform(image), label
 
