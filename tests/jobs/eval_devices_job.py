@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import odsgd  # noqa: E402
 import mxnet as mx  # noqa: E402
-from eval_paths_job import BATCH, batch, network, users_values  # noqa: E402
+from eval_paths_job import mlp, users_values  # noqa: E402
 
 #: the parameters the 'write' and 'ema' cases set (the others get w_t back)
 WRITTEN = ("dense0_weight", "dense1_bias")
@@ -58,7 +58,7 @@ def main():
     args = parse_args()
     contexts = [mx.cpu(i) for i in range(args.devices)]
     kv = odsgd.DistODSGD()
-    net = network()
+    net = mlp.network(seed=5)   # eval_paths_job's network and initial weights
     net.collect_params().reset_ctx(contexts)
     params = {short(p): p for p in net.collect_params().values()}
     params["dense0_weight"].lr_mult = 0.5
@@ -68,16 +68,16 @@ def main():
     loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
     saved = {}
     for step in range(args.steps):
-        data, label = batch(kv.rank, step)
+        data, label = mlp.batch(kv.rank, step)
         datas = mx.gluon.utils.split_and_load(data, contexts)
         labels = mx.gluon.utils.split_and_load(label, contexts)
         with mx.autograd.record():
             losses = [loss_fn(net(x), y) for x, y in zip(datas, labels)]
         mx.autograd.backward(losses)
-        trainer.step(BATCH)
+        trainer.step(mlp.batch_size)
         if step + 1 == args.at:
             if args.case in ("ema", "eval"):
-                net(batch(0, 903)[0].as_in_context(contexts[-1])).wait_to_read()  # W shown
+                net(mlp.batch(0, 903)[0].as_in_context(contexts[-1])).wait_to_read()  # W shown
             if args.case in ("ema", "write"):
                 for name in WRITTEN:   # what p.set_data writes (which refuses a dist store)
                     for array in params[name].list_data():
