@@ -6,12 +6,10 @@ and an interrupted swap leaves nothing behind (odsgd/worker/eval_weights.py).
 Each Gluon case is held to a run that did the same without the evaluation
 (tests/jobs/eval_paths_job.py: every worker's w^i and W after the last step, bit for bit).
 Every job runs through odsgd.launch with a deadline."""
-import os
-
-import numpy as np
 import pytest
 
 from cluster import run_job
+from saved_weights import assert_same_weights, load_ranks
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -20,15 +18,7 @@ def run(tmp_path, case):
     out = tmp_path / case
     out.mkdir()
     output = run_job("eval_paths_job.py", ["--out", out, "--case", case], timeout=150)
-    return [dict(np.load(os.path.join(str(out), "rank%d.npz" % r))) for r in range(2)], output
-
-
-def assert_same_run(runs, references):
-    for rank, (run_, reference) in enumerate(zip(runs, references)):
-        assert sorted(run_) == sorted(reference)
-        for name in reference:
-            np.testing.assert_array_equal(run_[name], reference[name],
-                                          err_msg="rank %d, %s" % (rank, name))
+    return load_ranks(out), output
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +32,7 @@ def test_a_value_written_while_w_is_shown_is_kept(tmp_path):
     by the w_t set aside)."""
     ema, _ = run(tmp_path, "ema")
     written, _ = run(tmp_path, "write")
-    assert_same_run(ema, written)
+    assert_same_weights(ema, written)
 
 
 @pytest.mark.parametrize("case", ["between", "thread", "interrupt"])
@@ -53,7 +43,7 @@ def test_gradients_are_taken_at_the_local_weights(tmp_path, plain, case):
     runs, output = run(tmp_path, case)
     if case == "interrupt":
         assert "caught KeyboardInterrupt: Ctrl-C inside the swap" in output
-    assert_same_run(runs, plain)
+    assert_same_weights(runs, plain)
 
 
 def test_module_backward_after_an_inference_forward_is_refused(tmp_path):

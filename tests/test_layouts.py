@@ -10,14 +10,11 @@ import numpy as np
 import pytest
 
 from cluster import JobError, run_job
+from saved_weights import load_ranks
 from odsgd.worker import checkpoint as checkpoints
 from odsgd.common import checkpoint_index, state_files
 
 pytestmark = pytest.mark.timeout(400)
-
-
-def final_weights(folder):
-    return [dict(np.load(os.path.join(folder, "rank%d.npz" % r))) for r in range(2)]
 
 
 def max_relative_difference(a, b):
@@ -46,7 +43,7 @@ def uninterrupted(tmp_path_factory):
     two parts)."""
     folder = tmp_path_factory.mktemp("whole")
     run_job("layout_job.py", ["--out", folder, "--steps", 60], servers=2, timeout=150)
-    return final_weights(folder)
+    return load_ranks(folder)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +64,7 @@ def test_resume_with_another_layout_is_exact(tmp_path, uninterrupted, checkpoint
     run's (its momentum, counts and the schedule's drop at step 40 carried over)."""
     run_job("layout_job.py", ["--out", tmp_path, "--resume-at", 30, "--prefix", checkpoint],
             servers=servers, timeout=150, env={"ODSGD_PART_ELEMENTS": part_elements})
-    for rank, weights in enumerate(final_weights(tmp_path)):
+    for rank, weights in enumerate(load_ranks(tmp_path)):
         assert max_relative_difference(weights, uninterrupted[rank]) <= 1e-6
 
 

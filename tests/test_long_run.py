@@ -4,19 +4,14 @@ save, a save right after a load, an EMA-style write while the global weights are
 Each case is held to the run that took no such path: every worker's own weights w^i and the
 global weights W after the last step (tests/jobs/long_run_job.py, 2 workers, 1 server, SGD
 with momentum 0.9 and wd 1e-4). Every job runs through odsgd.launch with a deadline."""
-import os
-
 import numpy as np
 import pytest
 
 from cluster import JobError, run_job
+from saved_weights import load_ranks
 
 pytestmark = pytest.mark.timeout(600)
 STEPS, SAVE_AT = 20, 10
-
-
-def weights(folder):
-    return [dict(np.load(os.path.join(str(folder), "rank%d.npz" % r))) for r in range(2)]
 
 
 def max_relative_difference(runs, references):
@@ -30,7 +25,7 @@ def uninterrupted(tmp_path_factory):
     """20 steps, no evaluation and no save."""
     folder = tmp_path_factory.mktemp("whole")
     run_job("long_run_job.py", ["--out", folder, "--steps", STEPS], timeout=150)
-    return weights(folder)
+    return load_ranks(folder)
 
 
 def test_an_evaluation_before_a_save_is_not_saved_as_the_local_weights(tmp_path,
@@ -42,12 +37,12 @@ def test_an_evaluation_before_a_save_is_not_saved_as_the_local_weights(tmp_path,
     prefix = str(tmp_path / "ckpt")
     run_job("long_run_job.py", ["--out", first, "--steps", STEPS, "--save-at", SAVE_AT,
                                 "--prefix", prefix, "--eval-before-save"], timeout=150)
-    assert max_relative_difference(weights(first), uninterrupted) == 0.0
+    assert max_relative_difference(load_ranks(first), uninterrupted) == 0.0
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     run_job("long_run_job.py", ["--out", resumed, "--steps", STEPS, "--resume-from", prefix],
             timeout=150)
-    assert max_relative_difference(weights(resumed), uninterrupted) <= 1e-6
+    assert max_relative_difference(load_ranks(resumed), uninterrupted) <= 1e-6
 
 
 def test_a_save_right_after_a_load_keeps_the_servers_states(tmp_path, uninterrupted):
@@ -65,7 +60,7 @@ def test_a_save_right_after_a_load_keeps_the_servers_states(tmp_path, uninterrup
     resumed.mkdir()
     run_job("long_run_job.py", ["--out", resumed, "--steps", STEPS, "--resume-from", again],
             timeout=150)
-    assert max_relative_difference(weights(resumed), uninterrupted) <= 1e-6
+    assert max_relative_difference(load_ranks(resumed), uninterrupted) <= 1e-6
 
 
 @pytest.mark.parametrize("workers", [1, 3])

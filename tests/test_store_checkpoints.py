@@ -14,20 +14,9 @@ import numpy as np
 import pytest
 
 from cluster import JOBS, REPO, run_job
+from saved_weights import assert_same_weights, load_ranks
 
 pytestmark = pytest.mark.timeout(600)
-
-
-def weights(folder, workers):
-    return [dict(np.load(os.path.join(str(folder), "rank%d.npz" % r))) for r in range(workers)]
-
-
-def assert_equal_runs(runs, references):
-    for rank, (run, reference) in enumerate(zip(runs, references)):
-        assert sorted(run) == sorted(reference)
-        for name in reference:
-            np.testing.assert_array_equal(run[name], reference[name],
-                                          err_msg="rank %d, %s" % (rank, name))
 
 
 def job(kvstore, out, options, servers=1, env=None):
@@ -64,11 +53,12 @@ def interrupted_and_resumed(tmp_path, kvstore, uninterrupted=True, **cluster):
 def test_resume_is_exact(tmp_path, kvstore, workers, cluster):
     folders, output = interrupted_and_resumed(tmp_path, kvstore, **cluster)
     assert "rank 0 starts at step 6" in output
-    assert_equal_runs(weights(folders["resumed"], workers), weights(folders["whole"], workers))
+    assert_same_weights(load_ranks(folders["resumed"], workers),
+                        load_ranks(folders["whole"], workers))
 
 
 def test_dist_async_resumes_from_the_saved_step(tmp_path):
     folders, output = interrupted_and_resumed(tmp_path, "dist_async", uninterrupted=False)
     assert output.count("starts at step 6") == 2
-    for run in weights(folders["resumed"], 2):
+    for run in load_ranks(folders["resumed"]):
         assert all(np.isfinite(value).all() for value in run.values())

@@ -17,7 +17,6 @@ It writes each worker's own weights and the global ones after the last step to O
 Module (--case module-backward): a forward(is_train=False) after step --at, then backward();
 the job prints the error it raised ('refused: ...') and trains on with a training forward.
 """
-import argparse
 import os
 import sys
 import threading
@@ -28,37 +27,22 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import odsgd  # noqa: E402
 import mxnet as mx  # noqa: E402
 
-IN, HIDDEN, CLASSES, BATCH = 20, 30, 5, 8
+import mlp_job  # noqa: E402
+
+mlp = mlp_job.MLP(in_units=20, hidden=30, classes=5, batch_size=8)
 
 
 def parse_args():
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", required=True)
+    p = mlp_job.arguments(steps=16)
     p.add_argument("--case", default="plain")
-    p.add_argument("--steps", type=int, default=16)
     p.add_argument("--at", type=int, default=8)
     return p.parse_args()
-
-
-def batch(rank, step):
-    rng = np.random.RandomState(100 * rank + step)
-    return (mx.nd.array(rng.randn(BATCH, IN).astype(np.float32)),
-            mx.nd.array(rng.randint(0, CLASSES, BATCH).astype(np.float32)))
 
 
 def users_values(param):
     """What the 'write' and 'ema' cases write: values of the user's own, the same in both."""
     rng = np.random.RandomState(len(param.name))
     return mx.nd.array(rng.uniform(-0.1, 0.1, param.shape).astype(np.float32))
-
-
-def network():
-    net = mx.gluon.nn.Sequential()
-    net.add(mx.gluon.nn.Dense(HIDDEN, in_units=IN, activation="relu"),
-            mx.gluon.nn.Dense(CLASSES, in_units=HIDDEN))
-    mx.random.seed(5)
-    net.initialize(mx.init.Xavier())
-    return net
 
 
 def interrupted_evaluation(kv, net):
@@ -70,7 +54,7 @@ def interrupted_evaluation(kv, net):
         raise KeyboardInterrupt("Ctrl-C inside the swap")
     kv.pull = half_a_pull
     try:
-        net(batch(0, 900)[0])
+        net(mlp.batch(0, 900)[0])
     except KeyboardInterrupt as stop:
         print("caught KeyboardInterrupt: %s" % stop, flush=True)
     finally:
@@ -79,14 +63,14 @@ def interrupted_evaluation(kv, net):
 
 def evaluation_thread(net, stop):
     """Inference calls in a thread of their own until `stop` is set."""
-    data = batch(0, 901)[0]
+    data = mlp.batch(0, 901)[0]
     while not stop.is_set():
         net(data).wait_to_read()
 
 
 def gluon(args):
     kv = odsgd.DistODSGD()
-    net = network()
+    net = mlp.network(seed=5)
     trainer = mx.gluon.Trainer(net.collect_params(), "sgd",
                                {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-4}, kvstore=kv)
     loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
@@ -95,54 +79,47 @@ def gluon(args):
         if args.case == "thread" and step == 2:
             evaluator = threading.Thread(target=evaluation_thread, args=(net, stop))
             evaluator.start()
-        data, label = batch(kv.rank, step)
+        data, label = mlp.batch(kv.rank, step)
         with mx.autograd.record():
             loss = loss_fn(net(data), label)
         if args.case == "between" and step == args.at:
-            net(batch(0, 902)[0]).wait_to_read()      # outside record(): shows W
+            net(mlp.batch(0, 902)[0]).wait_to_read()      # outside record(): shows W
         loss.backward()
-        trainer.step(BATCH)
+        trainer.step(mlp.batch_size)
         if step + 1 == args.at:
             after_step(args.case, kv, net)
     stop.set()
     if evaluator is not None:
         evaluator.join()
     mx.nd.waitall()
-    save(args, kv.rank, net, lambda: odsgd.load_global_weights(trainer))
+    mlp_job.write_weights(args.out, kv.rank, net, lambda: odsgd.load_global_weights(trainer))
 
 
 def after_step(case, kv, net):
     if case in ("ema", "write"):
         if case == "ema":
-            net(batch(0, 903)[0]).wait_to_read()      # W shown
+            net(mlp.batch(0, 903)[0]).wait_to_read()      # W shown
         for param in net.collect_params().values():
             param.data()[:] = users_values(param)
     elif case == "interrupt":
         interrupted_evaluation(kv, net)
 
 
-def save(args, rank, net, load_global):
-    own = {"w:" + p.name: p.data().asnumpy() for p in net.collect_params().values()}
-    load_global()
-    own.update({"W:" + p.name: p.data().asnumpy() for p in net.collect_params().values()})
-    np.savez(os.path.join(args.out, "rank%d.npz" % rank), **own)
-
-
 def module(args):
     kv = odsgd.DistODSGD()
     data = mx.sym.var("data")
-    hidden = mx.sym.FullyConnected(data, num_hidden=HIDDEN, name="fc1")
-    out = mx.sym.FullyConnected(mx.sym.relu(hidden), num_hidden=CLASSES, name="fc2")
+    hidden = mx.sym.FullyConnected(data, num_hidden=mlp.hidden, name="fc1")
+    out = mx.sym.FullyConnected(mx.sym.relu(hidden), num_hidden=mlp.classes, name="fc2")
     mod = mx.mod.Module(mx.sym.SoftmaxOutput(out, name="softmax"))
-    mod.bind([("data", (BATCH, IN))], [("softmax_label", (BATCH,))])
+    mod.bind([("data", (mlp.batch_size, mlp.in_units))], [("softmax_label", (mlp.batch_size,))])
     mx.random.seed(5)
     mod.init_params(mx.init.Xavier())
     mod.init_optimizer(kvstore=kv, optimizer="sgd",
                        optimizer_params={"learning_rate": 0.1, "momentum": 0.9})
     for step in range(args.steps):
-        data, label = batch(kv.rank, step)
+        data, label = mlp.batch(kv.rank, step)
         if step == args.at:
-            mod.forward(mx.io.DataBatch([batch(0, 904)[0]], [label]), is_train=False)
+            mod.forward(mx.io.DataBatch([mlp.batch(0, 904)[0]], [label]), is_train=False)
             try:
                 mod.backward()
             except ValueError as refused:

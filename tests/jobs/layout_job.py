@@ -12,7 +12,6 @@ one layout and resume under another.
 --part-elements-by-task gives each process its own ODSGD_PART_ELEMENTS (4 + its DMLC_TASK_ID)
 before the store is made: every worker must then refuse the store with a ValueError, which
 the job writes to OUT/error<task id>.txt."""
-import argparse
 import os
 import sys
 
@@ -22,39 +21,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import odsgd  # noqa: E402
 import mxnet as mx  # noqa: E402
 
-IN, HIDDEN, CLASSES, BATCH = 500, 600, 10, 8
+import mlp_job  # noqa: E402
+
+mlp = mlp_job.MLP(in_units=500, hidden=600, classes=10, batch_size=8)
 
 
 def parse_args():
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", required=True)
-    p.add_argument("--steps", type=int, default=60)
+    p = mlp_job.arguments(steps=60)
     p.add_argument("--save-at", type=int, default=0)
     p.add_argument("--prefix", help="checkpoint prefix (saved with --save-at, else loaded)")
     p.add_argument("--resume-at", type=int, default=0)
     p.add_argument("--begin-num-update", type=int, default=0)
     p.add_argument("--part-elements-by-task", action="store_true")
     return p.parse_args()
-
-
-def network():
-    net = mx.gluon.nn.HybridSequential()
-    net.add(mx.gluon.nn.Dense(HIDDEN, in_units=IN, activation="relu"),
-            mx.gluon.nn.Dense(CLASSES, in_units=HIDDEN))
-    mx.random.seed(3)
-    net.initialize(mx.init.Xavier())
-    params = list(net.collect_params().values())
-    params[1].lr_mult = 0.5      # the first bias
-    for param in params:
-        if param.name.endswith("bias"):
-            param.wd_mult = 0.0
-    return net
-
-
-def batch(rank, step):
-    rng = np.random.RandomState(100 * rank + step)
-    return (mx.nd.array(rng.randn(BATCH, IN).astype(np.float32)),
-            mx.nd.array(rng.randint(0, CLASSES, BATCH).astype(np.float32)))
 
 
 def make_store(args):
@@ -75,7 +54,7 @@ def main():
     kv = make_store(args)
     if kv is None:
         return
-    net = network()
+    net = mlp.network(seed=3, hybrid=True, first_bias_lr_mult=0.5, no_bias_decay=True)
     schedule = mx.lr_scheduler.MultiFactorScheduler(step=[40], factor=0.1, base_lr=0.05)
     trainer = mx.gluon.Trainer(net.collect_params(), "sgd",
                                {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-3,
@@ -86,16 +65,15 @@ def main():
         odsgd.load_checkpoint(trainer, args.prefix)
     last = args.save_at or args.steps
     for step in range(args.resume_at, last):
-        data, label = batch(kv.rank, step)
+        data, label = mlp.batch(kv.rank, step)
         with mx.autograd.record():
             loss = loss_fn(net(data), label)
         loss.backward()
-        trainer.step(BATCH)
+        trainer.step(mlp.batch_size)
     if args.save_at:
         odsgd.save_checkpoint(trainer, args.prefix)
     odsgd.load_global_weights(trainer)
-    np.savez(os.path.join(args.out, "rank%d.npz" % kv.rank),
-             **{p.name: p.data().asnumpy() for p in net.collect_params().values()})
+    np.savez(os.path.join(args.out, "rank%d.npz" % kv.rank), **mlp_job.named_weights(net))
 
 
 if __name__ == "__main__":

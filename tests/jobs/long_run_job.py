@@ -13,23 +13,20 @@ the rank and the step. What the job does around its checkpoint (--save-at, --pre
 It writes each worker's own weights w^i and the global weights W (after the last step) to
 OUT/rank<r>.npz: keys 'w:<name>' and 'W:<name>'.
 """
-import argparse
 import os
 import sys
-
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import odsgd  # noqa: E402
 import mxnet as mx  # noqa: E402
 
-IN, HIDDEN, CLASSES, BATCH = 64, 90, 10, 16
+import mlp_job  # noqa: E402
+
+mlp = mlp_job.MLP(in_units=64, hidden=90, classes=10, batch_size=16, rank_stride=1000)
 
 
 def parse_args():
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", required=True)
-    p.add_argument("--steps", type=int, default=20)
+    p = mlp_job.arguments(steps=20)
     p.add_argument("--save-at", type=int, default=0)
     p.add_argument("--prefix")
     p.add_argument("--eval-before-save", action="store_true")
@@ -41,27 +38,10 @@ def parse_args():
     return p.parse_args()
 
 
-def network():
-    net = mx.gluon.nn.Sequential()
-    net.add(mx.gluon.nn.Dense(HIDDEN, in_units=IN, activation="relu"),
-            mx.gluon.nn.Dense(CLASSES, in_units=HIDDEN))
-    mx.random.seed(7)
-    net.initialize(mx.init.Xavier())
-    params = list(net.collect_params().values())
-    params[1].lr_mult = 0.5      # the first bias
-    return net
-
-
-def batch(rank, step):
-    rng = np.random.RandomState(1000 * rank + step)
-    return (mx.nd.array(rng.randn(BATCH, IN).astype(np.float32)),
-            mx.nd.array(rng.randint(0, CLASSES, BATCH).astype(np.float32)))
-
-
 def ema_write(net, step):
     """An EMA evaluation as users write it: evaluate (W shown), then write every parameter in
     place with a value of the user's own while W is shown."""
-    net(batch(0, 999)[0])
+    net(mlp.batch(0, 999)[0])
     for param in net.collect_params().values():
         param.data()[:] = param.data() * 0.5 + 0.01 * (step + 1)
 
@@ -69,7 +49,7 @@ def ema_write(net, step):
 def main():
     args = parse_args()
     kv = odsgd.DistODSGD()
-    net = network()
+    net = mlp.network(seed=7, first_bias_lr_mult=0.5)
     trainer = mx.gluon.Trainer(net.collect_params(), args.optimizer,
                                {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-4},
                                kvstore=kv)
@@ -82,22 +62,19 @@ def main():
             odsgd.save_checkpoint(trainer, args.save_again)
             return
     for step in range(start, args.steps):
-        data, label = batch(kv.rank, step)
+        data, label = mlp.batch(kv.rank, step)
         with mx.autograd.record():
             loss = loss_fn(net(data), label)
         loss.backward()
-        trainer.step(BATCH)
+        trainer.step(mlp.batch_size)
         if args.ema_write and step + 1 == args.ema_write:
             ema_write(net, step)
         if args.save_at and step + 1 == args.save_at:
             if args.eval_before_save:
-                net(batch(kv.rank, 500)[0]).wait_to_read()
+                net(mlp.batch(kv.rank, 500)[0]).wait_to_read()
             odsgd.save_checkpoint(trainer, args.prefix)
     mx.nd.waitall()
-    own = {"w:" + p.name: p.data().asnumpy() for p in net.collect_params().values()}
-    odsgd.load_global_weights(trainer)
-    own.update({"W:" + p.name: p.data().asnumpy() for p in net.collect_params().values()})
-    np.savez(os.path.join(args.out, "rank%d.npz" % kv.rank), **own)
+    mlp_job.write_weights(args.out, kv.rank, net, lambda: odsgd.load_global_weights(trainer))
 
 
 if __name__ == "__main__":

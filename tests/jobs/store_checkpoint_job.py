@@ -7,44 +7,31 @@ depends only on the rank and the step. --dir D: resume from the newest whole che
 (if any), save one every --save-every steps. --plain: no resume_or_start (the servers run MXNet's
 own updater), to hold the checkpointed run to it. Writes each worker's weights and the servers'
 W after the last step to OUT/rank<r>.npz ('w:<name>', 'W:<name>')."""
-import argparse
 import os
 import sys
-
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import odsgd  # noqa: E402
 import mxnet as mx  # noqa: E402
 from odsgd.common import checkpoint_index  # noqa: E402
 
-IN, HIDDEN, CLASSES, BATCH = 30, 40, 6, 8
+import mlp_job  # noqa: E402
+
+mlp = mlp_job.MLP(in_units=30, hidden=40, classes=6, batch_size=8)
 
 
 def parse_args():
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", required=True)
+    p = mlp_job.arguments(steps=12)
     p.add_argument("--kvstore", default="dist_sync")
-    p.add_argument("--steps", type=int, default=12)
     p.add_argument("--dir")
     p.add_argument("--save-every", type=int, default=0)
     p.add_argument("--plain", action="store_true")
     return p.parse_args()
 
 
-def batch(rank, step):
-    rng = np.random.RandomState(100 * rank + step)
-    return (mx.nd.array(rng.randn(BATCH, IN).astype(np.float32)),
-            mx.nd.array(rng.randint(0, CLASSES, BATCH).astype(np.float32)))
-
-
 def main():
     args = parse_args()
-    net = mx.gluon.nn.Sequential()
-    net.add(mx.gluon.nn.Dense(HIDDEN, in_units=IN, activation="relu"),
-            mx.gluon.nn.Dense(CLASSES, in_units=HIDDEN))
-    mx.random.seed(11)
-    net.initialize(mx.init.Xavier())
+    net = mlp.network(seed=11)
     schedule = mx.lr_scheduler.FactorScheduler(step=5, factor=0.5, base_lr=0.1)
     kv = mx.kv.create(args.kvstore) if args.kvstore.startswith("dist") else args.kvstore
     trainer = mx.gluon.Trainer(net.collect_params(), "sgd",
@@ -55,23 +42,23 @@ def main():
     print("rank %d starts at step %d" % (rank, start), flush=True)
     loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
     for step in range(start, args.steps):
-        data, label = batch(rank, step)
+        data, label = mlp.batch(rank, step)
         with mx.autograd.record():
             loss = loss_fn(net(data), label)
         loss.backward()
-        trainer.step(BATCH)
+        trainer.step(mlp.batch_size)
         if args.save_every and (step + 1) % args.save_every == 0:
             odsgd.save_checkpoint(trainer, checkpoint_index.step_prefix(args.dir, "job",
                                                                         step + 1))
     mx.nd.waitall()
-    own = {"w:" + p.name: p.data().asnumpy() for p in net.collect_params().values()}
+    servers = {}
     if not isinstance(kv, str):
         kv._barrier()   # every worker's pushes are applied
         for index, param in enumerate(trainer._params):
             pulled = mx.nd.zeros(param.shape)
             kv.pull(index, out=pulled)
-            own["W:" + param.name] = pulled.asnumpy()
-    np.savez(os.path.join(args.out, "rank%d.npz" % rank), **own)
+            servers["W:" + param.name] = pulled.asnumpy()
+    mlp_job.write_weights(args.out, rank, net, **servers)
 
 
 if __name__ == "__main__":
