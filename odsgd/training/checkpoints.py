@@ -8,8 +8,8 @@ every --save-every-steps K global steps, and at the epoch ends --save-frequency 
 what it must match to go on exactly (task, model, seed, workers, batch, steps per epoch), and
 the history of the epochs done.
 
---resume auto loads the newest whole checkpoint of --save-dir (`odsgd.resume_or_start`) and
-training goes on at its epoch and batch. With the data and draws seeded by position
+--resume auto loads the newest whole checkpoint of --save-dir (found once, before the
+schedules are built, and loaded as `odsgd.resume_or_start` loads it) and training goes on at its epoch and batch. With the data and draws seeded by position
 (odsgd/training/data.py) and nothing between steps changing a worker's weights (the epoch's
 evaluation reads W into a copy: imperative.GlobalModel), the resumed run is the interrupted
 one from there on: bit for bit with dist_odsgd, dist_sync and local stores (every worker's
@@ -28,6 +28,7 @@ import odsgd
 
 from ..cluster import restarts
 from ..common import checkpoint_index
+from ..worker import checkpoint as worker_checkpoint
 from . import epoch_saves
 
 LOG = logging.getLogger("odsgd.training")
@@ -99,19 +100,15 @@ def prepare(trainer):
 def resume(run, trainer):
     """--resume auto: loads run.resume_point (every worker, before the first step) and returns
     the Position to go on from, or the start where --save-dir holds no whole checkpoint."""
-    import odsgd
     found, directory = run.resume_point, run.args.save_dir
     if found is not None:
         check_same_run(found, run)
-    step = odsgd.resume_or_start(trainer, directory)
-    if found is None and step == 0:
+    # the checkpoint found before the schedules were built, not the folder read again
+    step = worker_checkpoint.resume_from(trainer, found)
+    if found is None:
         LOG.info("--resume auto: no whole checkpoint in %s; training starts at step 0",
                  directory)
         return Position(0, 0, [])
-    if found is None or step != found.step:
-        raise RuntimeError("--resume auto: the checkpoints in %s changed while this job "
-                           "started (found %s, loaded the one of step %d): is another job "
-                           "saving there?" % (directory, found and found.prefix, step))
     extra = found.extra
     LOG.info("--resume auto: resumed from %s (global step %d): epoch %d, batch %d of %d",
              found.prefix, step, extra["epoch"], extra["batch"], run.steps)

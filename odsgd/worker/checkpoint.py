@@ -128,17 +128,23 @@ def resume_or_start(trainer, directory):
     step it was saved after; returns 0 where `directory` holds none (the job starts fresh).
     Call it on every worker after the parameters are initialised and before the first
     trainer.step; every worker must see the same folder (a file system they share)."""
+    _store(trainer, "resume_or_start")
+    return resume_from(trainer, checkpoint_index.latest_checkpoint(directory))
+
+
+def resume_from(trainer, found):
+    """resume_or_start with its checkpoint looked up already: `found`, a
+    checkpoint_index.Checkpoint, or None (the job starts fresh: returns 0)."""
     odsgd_store = _store(trainer, "resume_or_start")
     prepare_checkpoints(trainer)
-    latest = checkpoint_index.latest_checkpoint(directory)
-    if latest is None:
+    if found is None:
         return 0
     name = STORE_TYPE if odsgd_store else mxnet_store_checkpoint.store_name(trainer)
-    if latest.store != name:
+    if found.store != name:
         raise ValueError("%s was saved with kvstore %r; this Trainer trains with %r: resume it "
-                         "with the store that saved it" % (latest.marker, latest.store, name))
-    load_checkpoint(trainer, latest.prefix)
-    return latest.step
+                         "with the store that saved it" % (found.marker, found.store, name))
+    load_checkpoint(trainer, found.prefix)
+    return found.step
 
 
 def check_weights_file(params_file, states_file, saved):
