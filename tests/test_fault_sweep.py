@@ -197,15 +197,13 @@ def test_compare_with_the_uninterrupted_weights(tmp_path):
 # -- pass criteria and tables ---------------------------------------------------------------
 def row_of(case, **measured):
     """A row of `case` that meets its expectation, with `measured` over it."""
-    row = dict(case._asdict(), case=case.name, attempt=case.attempt,
-               restarts_expected=case.restarts_expected, missed=None, tries=1,
-               restarts_used=case.restarts_expected, resumed_from=8, steps_replayed=1,
-               whole_before_last_attempt=[4, 8], seconds_to_resumed_step=7.5,
+    met = dict(missed=None, tries=1, restarts_used=case.restarts_expected, resumed_from=8,
+               steps_replayed=1, whole_before_last_attempt=[4, 8], seconds_to_resumed_step=7.5,
                processes={"after_exit": 0, "gone_after": 1.0, "killed": 0}, namespaces=[],
                comparison={"equal": True, "max_relative_difference": 0.0},
                reason="worker 1 (pid 3) was killed", decision="restarting", exit_code=0)
-    row.update(measured)
-    return row
+    met.update(measured)
+    return case.row(**met)
 
 
 def test_a_restarted_row_passes_only_exit_0_equal_from_the_newest_save_and_clean():
@@ -275,23 +273,22 @@ def assert_restarted_equal_and_clean(row, others):
     assert fault_report.passed(row)
 
 
-@needs_hosts
-@pytest.mark.timeout(240)
-def test_killed_worker_with_rounds_in_flight_restarts_equal_to_uninterrupted(sweep):
-    others = emulate.other_creators()
-    sweep, reference = sweep
-    row = faults.run_case(sweep, fault_cases.case("worker killed", "in-flight"), reference)
-    assert_restarted_equal_and_clean(row, others)
-    assert "exited with code 255 (ssh:" in row["reason"], row
-
-
-@needs_hosts
-@pytest.mark.timeout(240)
-def test_link_down_with_rounds_in_flight_restarts_equal_to_uninterrupted(sweep):
-    others = emulate.other_creators()
-    sweep, reference = sweep
-    row = faults.run_case(sweep, fault_cases.case("link down", "in-flight"), reference)
-    assert_restarted_equal_and_clean(row, others)
+#: fault -> words the launcher's reason for ending the first attempt must have
+REASON_WORDS = {
+    "worker killed": ["exited with code 255 (ssh:"],
     # the launcher's ssh client to the unplugged host gave up on it
-    assert "worker" in row["reason"] and "198.18.0." in row["reason"], row
-    assert "ssh: the connection to" in row["reason"], row
+    "link down": ["worker", "198.18.0.", "ssh: the connection to"],
+}
+
+
+@needs_hosts
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("fault", ["worker killed", "link down"])
+def test_fault_with_rounds_in_flight_restarts_equal_to_uninterrupted(sweep, fault):
+    """A worker killed or a worker host's link down while a step's rounds are on the wire."""
+    others = emulate.other_creators()
+    sweep, reference = sweep
+    row = faults.run_case(sweep, fault_cases.case(fault, "in-flight"), reference)
+    assert_restarted_equal_and_clean(row, others)
+    for words in REASON_WORDS[fault]:
+        assert words in row["reason"], row

@@ -6,20 +6,9 @@ import importlib
 import signal
 import sys
 
+#: name -> one line for --help (importing the modules for their docstrings would import
+#: MXNet); subcommand NAME is the module odsgd.bench.NAME, "-" written "_" (module_of)
 SUBCOMMANDS = {
-    "throughput": "odsgd.bench.throughput",
-    "convergence": "odsgd.bench.convergence",
-    "time-to-accuracy": "odsgd.bench.time_to_accuracy",
-    "timeline": "odsgd.bench.timeline",
-    "plan": "odsgd.bench.plan",
-    "rounds": "odsgd.bench.rounds",
-    "faults": "odsgd.bench.faults",
-    "goodput": "odsgd.bench.goodput",
-    "replan": "odsgd.bench.replan",
-}
-#: one line per subcommand for --help (importing the modules for their docstrings would
-#: import MXNet)
-SUMMARIES = {
     "throughput": "SSGD vs ASGD vs OD-SGD on a shaped network",
     "convergence": "accuracy per mode and seed",
     "time-to-accuracy": "accuracy against time, real images",
@@ -32,12 +21,18 @@ SUMMARIES = {
 }
 
 
+def module_of(name):
+    """The module of subcommand `name`."""
+    return "odsgd.bench." + name.replace("-", "_")
+
+
 def usage():
     """The list of subcommands, one line each."""
     width = max(len(name) for name in SUBCOMMANDS)
     return "\n".join(["usage: python -m odsgd.bench SUBCOMMAND [options]   (or odsgd-bench; "
                       "SUBCOMMAND --help for its options)", "", "subcommands:"] +
-                     ["  %-*s  %s" % (width, name, SUMMARIES[name]) for name in SUBCOMMANDS])
+                     ["  %-*s  %s" % (width, name, summary)
+                      for name, summary in SUBCOMMANDS.items()])
 
 
 def main(argv=None):
@@ -53,7 +48,7 @@ def main(argv=None):
     # SIGTERM ends a benchmark as Ctrl-C does: the running job is ended with it (run_job's
     # handler), instead of the benchmark dying alone and leaving its job behind.
     signal.signal(signal.SIGTERM, _interrupt)
-    module = importlib.import_module(SUBCOMMANDS[argv[0]])
+    module = importlib.import_module(module_of(argv[0]))
     try:
         return module.main(argv[1:])
     except KeyboardInterrupt as stop:

@@ -3,7 +3,8 @@ under which restart options, and what each must end with.
 
 A case's fault strikes either in the job's first attempt (FIRST_POINTS) or in the attempt
 that the launcher restarted after a first fault, a worker killed with a step's rounds in
-flight (RESTART_POINTS: a second fault). Imports nothing of MXNet.
+flight (RESTART_POINTS: a second fault). Imports nothing: the sweep's job
+(odsgd/bench/fault_sweep_job.py) takes its points, inside faults and run name from here.
 """
 import collections
 
@@ -11,8 +12,6 @@ import collections
 OUTSIDE_FAULTS = ("worker killed", "server killed", "scheduler killed", "link down", "ctrl-c")
 INSIDE_FAULTS = ("hang", "value-error")
 FAULTS = OUTSIDE_FAULTS + INSIDE_FAULTS
-#: the job's --inject KIND of an inside fault
-INJECTED_KIND = {"hang": "hang", "value-error": "value-error"}
 #: points of the first attempt, and of the restarted attempt (odsgd/bench/fault_sweep_job.py)
 FIRST_POINTS = ("before-push", "in-flight", "save")
 RESTART_POINTS = ("up", "load", "first-step")
@@ -21,6 +20,8 @@ POINT_NAMES = {"before-push": "before the push", "in-flight": "rounds in flight"
                "save": "during a save", "up": "restart: workers up, before the load",
                "load": "restart: during the load",
                "first-step": "restart: first step after it"}
+#: the job's step_prefix name (its checkpoints)
+RUN_NAME = "fault-job"
 #: the first fault of a case whose point is in the restarted attempt
 FIRST_FAULT = ("worker killed", "in-flight")
 
@@ -61,6 +62,15 @@ class Case(collections.namedtuple("Case", "fault point checkpoint_dir max_restar
     def name(self):
         return "%s_%s%s" % (self.fault.replace(" ", "_"), self.point,
                             "_gives_up" if self.expected == "gives up" else "")
+
+    def row(self, **measured):
+        """The case's row of the sweep (odsgd/bench/fault_report.py): its fields, `case`
+        (the case's name unless `measured` gives its folder), the attempt its fault strikes
+        in and the restarts expected, with `measured` over them."""
+        row = dict(self._asdict(), case=self.name, attempt=self.attempt,
+                   restarts_expected=self.restarts_expected)
+        row.update(measured)
+        return row
 
 
 def case(fault, point):

@@ -25,27 +25,26 @@ import time
 
 import odsgd  # registers dist_odsgd; on servers it loads only the server side
 import mxnet as mx
+from odsgd.bench.fault_cases import INSIDE_FAULTS, POINTS, RUN_NAME
 from odsgd.common import checkpoint_index
 import numpy as np
 
 #: the model: INPUTS -> HIDDEN (relu) -> OUTPUTS. The first layer's weight (131072 elements)
 #: is cut into parts by a small ODSGD_PART_ELEMENTS; the rest are small and fused.
 INPUTS, HIDDEN, OUTPUTS, BATCH = 256, 512, 10, 32
-#: Points a worker marks (--mark POINT:ATTEMPT) or makes a fault at (--inject):
-#:   up           the worker's script runs, before its store is made (the worker on
-#:                --fault-host: the rank is not known yet)
-#:   load         right before resume_or_start; an injected fault strikes inside the load,
-#:                after W reached the servers and before the states are loaded
-#:   before-push  step --fault-step: gradient computed, nothing in flight; pauses --pause s
-#:   in-flight    step --fault-step: trainer.step returned, its rounds on the wire
-#:   first-step   the attempt's first step, trainer.step returned, its rounds on the wire
-#:   save         the save after step --save-step; an injected fault strikes inside it,
-#:                after the weights file and before the states (the sweep aims an outside
-#:                fault by the files that appear)
-POINTS = ("up", "load", "before-push", "in-flight", "first-step", "save")
-#: faults the job makes itself: the target sleeps forever, or raises a ValueError
-INJECTED = ("hang", "value-error")
-RUN_NAME = "fault-job"
+# Points a worker marks (--mark POINT:ATTEMPT) or makes an inside fault at (--inject
+# KIND:POINT:ATTEMPT, KIND one of fault_cases.INSIDE_FAULTS: the target sleeps forever, or
+# raises a ValueError); fault_cases.POINTS:
+#   up           the worker's script runs, before its store is made (the worker on
+#                --fault-host: the rank is not known yet)
+#   load         right before resume_or_start; an injected fault strikes inside the load,
+#                after W reached the servers and before the states are loaded
+#   before-push  step --fault-step: gradient computed, nothing in flight; pauses --pause s
+#   in-flight    step --fault-step: trainer.step returned, its rounds on the wire
+#   first-step   the attempt's first step, trainer.step returned, its rounds on the wire
+#   save         the save after step --save-step; an injected fault strikes inside it,
+#                after the weights file and before the states (the sweep aims an outside
+#                fault by the files that appear)
 
 
 def point_attempt(text):
@@ -60,9 +59,9 @@ def point_attempt(text):
 def injection(text):
     """KIND:POINT:ATTEMPT, e.g. hang:load:1."""
     kind, _, rest = text.partition(":")
-    if kind not in INJECTED:
+    if kind not in INSIDE_FAULTS:
         raise argparse.ArgumentTypeError("give KIND:POINT:ATTEMPT, KIND one of %s (got %r)"
-                                         % (", ".join(INJECTED), text))
+                                         % (", ".join(INSIDE_FAULTS), text))
     return (kind,) + point_attempt(rest)
 
 

@@ -30,7 +30,7 @@ import uuid
 from ..common import checkpoint_index
 from ..cluster import emulate
 from . import fault_cases, fault_report
-from .fault_cases import FAULTS, INJECTED_KIND, POINTS, POINT_NAMES
+from .fault_cases import FAULTS, INSIDE_FAULTS, POINTS, POINT_NAMES, RUN_NAME
 from .fault_injection import (Fault, LiveLaunch, namespaces_left, processes_left, promptly,
                               wait_for_file)
 from .jobs import JobFailed, run_job
@@ -40,7 +40,6 @@ WORKERS, SERVERS = fault_report.WORKERS, 1
 #: first step; the restarted attempt's `up` is marked by the worker on the last host
 TARGET_RANK = 1
 JOB_MODULE = "odsgd.bench.fault_sweep_job"
-RUN_NAME = "fault-job"   # the job's step_prefix name
 
 
 def parse_args(argv=None):
@@ -91,8 +90,9 @@ class Sweep(object):
                 "--fault-step", self.args.fault_step, "--save-step", self.args.save_step,
                 "--fault-rank", TARGET_RANK] + list(extra)
 
-    def timeout(self, case):
-        return self.args.hang_timeout if case.fault == "hang" else self.args.timeout
+    def timeout(self, fault):
+        """The --job-timeout of every attempt of a case of `fault`."""
+        return self.args.hang_timeout if fault == "hang" else self.args.timeout
 
 
 def case_job_args(sweep, case, folder, tag, fault_host):
@@ -101,8 +101,8 @@ def case_job_args(sweep, case, folder, tag, fault_host):
             os.path.join(folder, "checkpoints"), "--fault-host", fault_host]
     if case.first_fault is not None:
         args += ["--mark", "%s:0" % case.first_fault[1]]
-    if case.fault in INJECTED_KIND:
-        args += ["--inject", "%s:%s:%d" % (INJECTED_KIND[case.fault], case.point, case.attempt)]
+    if case.fault in INSIDE_FAULTS:
+        args += ["--inject", "%s:%s:%d" % (case.fault, case.point, case.attempt)]
     elif case.point != "save":   # an outside fault aims at a save by its files
         args += ["--mark", "%s:%d" % (case.point, case.attempt)]
     os.makedirs(os.path.join(folder, "checkpoints"))
@@ -158,12 +158,11 @@ def _run_once(sweep, case, folder):
     restart_options = ["--max-restarts", case.max_restarts]
     if case.checkpoint_dir:
         restart_options += ["--checkpoint-dir", checkpoints]
-    row = dict(case._asdict(), case=folder, attempt=case.attempt,
-               restarts_expected=case.restarts_expected)
+    row = case.row(case=folder)
     prepared = []   # the faults made ready: closed once the launcher has exited
     with emulate.EmulatedCluster(WORKERS + SERVERS, mbit=sweep.args.mbit) as cluster:
         module_args = case_job_args(sweep, case, folder, tag, cluster.hosts[-1].address)
-        job = LiveLaunch(cluster, module_args, WORKERS, SERVERS, sweep.timeout(case),
+        job = LiveLaunch(cluster, module_args, WORKERS, SERVERS, sweep.timeout(case.fault),
                          sweep.env, restart_options)
         ends = AttemptEnds(job, checkpoints, sweep.args.save_step)
         try:
@@ -216,7 +215,7 @@ def _faults_and_exit(sweep, case, cluster, job, checkpoints, prepared):
                            checkpoints, prepared, after=found.get("first_fault_at", 0.0)))
     try:
         found["exit_code"] = job.process.wait(
-            timeout=(case.max_restarts + 1) * (sweep.timeout(case) + 60))
+            timeout=(case.max_restarts + 1) * (sweep.timeout(case.fault) + 60))
     except subprocess.TimeoutExpired:   # still running: ended by job.end()
         found["exit_code"] = None
     return found
@@ -227,10 +226,10 @@ def strike_at(sweep, fault_point, attempt, cluster, job, checkpoints, prepared, 
     (an inside fault: sees the job make it). Returns {fault_at, aim_to_fault, target_pid,
     files_at_fault (a save)}."""
     fault, point = fault_point
-    limit = sweep.timeout(fault_cases.case(fault, point)) + 120
+    limit = sweep.timeout(fault) + 120
     job.wait_for(r"odsgd\.launch: attempt %d of \d+ started" % (attempt + 1), limit,
                  after=after)
-    if fault in INJECTED_KIND:
+    if fault in INSIDE_FAULTS:
         seen, match = job.wait_for(_point_line(point, attempt), limit, after=after)
         return {"fault_at": seen, "aim_to_fault": 0.0, "target_pid": int(match.group(3)),
                 "files_at_fault": _save_files(sweep, point, checkpoints)}
@@ -336,12 +335,11 @@ def sweep_all(sweep):
 
 def failed_row(case, failure):
     """The row of a case whose point never came (its output's end in `error`)."""
-    return dict(case._asdict(), case=case.name, attempt=case.attempt,
-                restarts_expected=case.restarts_expected, error=str(failure)[-3000:],
-                missed="its point never came", exit_code=None, restarts_used=0,
-                reason=None, decision=None, resumed_from=None, steps_replayed=0,
-                seconds_to_resumed_step=None, aim_to_fault=0.0, comparison=None,
-                processes={"after_exit": 0, "gone_after": None, "killed": 0}, namespaces=[])
+    return case.row(error=str(failure)[-3000:], missed="its point never came", exit_code=None,
+                    restarts_used=0, reason=None, decision=None, resumed_from=None,
+                    steps_replayed=0, seconds_to_resumed_step=None, aim_to_fault=0.0,
+                    comparison=None, processes={"after_exit": 0, "gone_after": None,
+                                                "killed": 0}, namespaces=[])
 
 
 def main(argv=None):
