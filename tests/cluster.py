@@ -12,7 +12,12 @@ JOBS = os.path.join(REPO, "tests", "jobs")
 
 
 class JobError(AssertionError):
-    pass
+    """A job failed: str() shows the end of its output, `output` holds all of it (what a test
+    searches: a message near the start of a long output is past the end that str() shows)."""
+
+    def __init__(self, message, output):
+        super(JobError, self).__init__("%s:\n%s" % (message, output[-6000:]))
+        self.output = output
 
 
 def run_job(script, args, workers=2, servers=1, timeout=120, env=None):
@@ -38,10 +43,10 @@ def run_job(script, args, workers=2, servers=1, timeout=120, env=None):
         except subprocess.TimeoutExpired:
             os.killpg(launcher.pid, signal.SIGKILL)
             output, _ = launcher.communicate()
-        raise JobError("job %s %s timed out:\n%s" % (script, args, output[-6000:]))
+        raise JobError("job %s %s timed out" % (script, args), output)
     if launcher.returncode != 0:
-        raise JobError("job %s %s failed (exit %d):\n%s"
-                       % (script, args, launcher.returncode, output[-6000:]))
+        raise JobError("job %s %s failed (exit %d)" % (script, args, launcher.returncode),
+                       output)
     return output
 
 
@@ -153,7 +158,9 @@ def started_jobs(job_class):
 
 
 def assert_no_leftovers(job):
-    """No process of `job` (a WatchedLauncher: its tag in the command line) is left."""
+    """No process of `job` (a WatchedLauncher: its tag in the command line) is left; it had
+    started some (the launcher logs each), so the check is not vacuous."""
+    assert re.search(r"started .*?\(pid \d+\)", job.output), job.output[-3000:]
     deadline = time.time() + 5   # the kernel may take a moment to reap a killed process
     while job.leftovers() and time.time() < deadline:
         time.sleep(0.2)

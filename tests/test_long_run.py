@@ -73,5 +73,5 @@ def test_a_checkpoint_of_another_number_of_workers_is_refused(tmp_path, workers)
     with pytest.raises(JobError) as refused:
         run_job("long_run_job.py", ["--out", tmp_path, "--steps", STEPS, "--resume-from",
                                     prefix], workers=workers, timeout=150)
-    assert "was saved by a job of 2 workers; this job has %d" % workers in str(refused.value)
-    assert "resume it with 2 workers (-n 2)" in str(refused.value)
+    assert "was saved by a job of 2 workers; this job has %d" % workers in refused.value.output
+    assert "resume it with 2 workers (-n 2)" in refused.value.output
