@@ -306,6 +306,26 @@ def restarting_launcher(script_name, args, checkpoint_dir, timeout=200):
     return WatchedLauncher(command, env, 2 * timeout, tag)
 
 
+def kill_after_a_whole_checkpoint(job, checkpoint_dir, label, min_step=0, timeout=200):
+    """Waits for a whole checkpoint of step >= `min_step` in `checkpoint_dir` while `job`
+    (restarting_launcher's) runs, then SIGKILLs its process `label` ('worker 1', 'server 0');
+    returns (that checkpoint, the pid killed, the launcher's exit code). Ends the job."""
+    try:
+        deadline = time.time() + timeout
+        latest = None
+        while time.time() < deadline and job.process.poll() is None:
+            latest = checkpoint_index.latest_checkpoint(str(checkpoint_dir))
+            if latest is not None and latest.step >= min_step:
+                break
+            time.sleep(0.05)
+        assert latest is not None and latest.step >= min_step, job.output[-4000:]
+        pid = job.pids()[label]
+        os.kill(pid, signal.SIGKILL)
+        return latest, pid, job.finish()
+    finally:
+        job.end()
+
+
 def launch_with_restarts(script_name, args, checkpoint_dir, timeout=200):
     """Runs restarting_launcher's job to its end; returns its output. It must exit 0."""
     job = restarting_launcher(script_name, args, checkpoint_dir, timeout)
@@ -483,20 +503,8 @@ def test_symbolic_run_restarted_from_its_epoch_save(tmp_path):
     flags = ["--digits", "--mode", "symbolic", "--kvstore", "dist_sync", "--batch-size", 64,
              "--num-epochs", 3, "--save-frequency", 1, "--resume", "auto"]
     job = restarting_launcher("train_mnist.py", flags, restarted)
-    try:
-        deadline = time.time() + 200
-        latest = None
-        while time.time() < deadline and job.process.poll() is None:
-            latest = checkpoint_index.latest_checkpoint(str(restarted))
-            if latest is not None:
-                break
-            time.sleep(0.05)
-        assert latest is not None and latest.extra["mode"] == "symbolic", job.output[-4000:]
-        worker = job.pids()["worker 1"]
-        os.kill(worker, signal.SIGKILL)
-        code = job.finish()
-    finally:
-        job.end()
+    latest, worker, code = kill_after_a_whole_checkpoint(job, restarted, "worker 1")
+    assert latest.extra["mode"] == "symbolic"
     output = job.output
     assert code == 0, output[-6000:]
     assert re.search(r"attempt 1 of 2 ended: worker 1 \(pid %d\) was killed by signal 9"
@@ -516,20 +524,7 @@ def test_mnist_restarted_after_the_server_is_killed(tmp_path, mnist_uninterrupte
     flags = mnist_flags("dist_odsgd")
     whole, restarted = mnist_uninterrupted("dist_odsgd"), tmp_path / "restarted"
     job = restarting_launcher("train_mnist.py", flags + ["--resume", "auto"], restarted)
-    try:
-        deadline = time.time() + 200
-        latest = None
-        while time.time() < deadline and job.process.poll() is None:
-            latest = checkpoint_index.latest_checkpoint(str(restarted))
-            if latest is not None and latest.step >= 20:
-                break
-            time.sleep(0.05)
-        assert latest is not None and latest.step >= 20, job.output[-4000:]
-        server = job.pids()["server 0"]
-        os.kill(server, signal.SIGKILL)
-        code = job.finish()
-    finally:
-        job.end()
+    latest, server, code = kill_after_a_whole_checkpoint(job, restarted, "server 0", min_step=20)
     output = job.output
     assert code == 0, output[-6000:]
     assert re.search(r"attempt 1 of 2 ended: server 0 \(pid %d\) was killed by signal 9"

@@ -1,10 +1,14 @@
 """The servers' states files (odsgd/server/states.py): the pieces of every server join into
 whole parameters, and any other layout's pieces are cut from them, equal to the states a
 server of that layout would have kept; what cannot be mapped is a ValueError."""
+import pickle
+
+import mxnet as mx
 import numpy as np
 import pytest
 
 from odsgd.server import states as server_states
+from odsgd.server import updater as servers
 from odsgd.server.updater import _mxnet_slice_begin
 
 ARRAY = server_states.ARRAY
@@ -89,20 +93,23 @@ def test_mxnet_slices_of_a_big_key_tile_it(monkeypatch, size, servers):
     assert [e - b for b, e in zip(begins, ends)] == sizes
 
 
+def second_of_two_servers(monkeypatch):
+    """A ServerOptimizer as server 1 of 2 runs it (unpickled: the commands reach it), with
+    no key groups registered yet."""
+    for name, value in (("_GROUPS", {}), ("_SERVER", [1, 2]), ("_LOCAL_PARTS", {}),
+                        ("_RUNNING", None)):
+        monkeypatch.setattr(servers, name, value)
+    return pickle.loads(pickle.dumps(servers.ServerOptimizer(
+        mx.optimizer.SGD(learning_rate=0.1, momentum=0.9)), 0))
+
+
 def test_a_server_keeps_only_the_pieces_it_holds_of_a_load(monkeypatch, tmp_path):
     """The servers load a whole-parameter states file for the job's layout (its keys'
     packings registered before): each server cuts the pieces its keys put on it and keeps
     nothing else of the file, where every server used to keep all of it. Server 1 of 2, keys
     50000 and 50001 (parts of parameter 3) and 50002 (parameters 4 and 5 packed): MXNet puts
     key k on server (k * 9973) % 2."""
-    import pickle
-    import mxnet as mx
-    from odsgd.server import updater as servers
-    for name, value in (("_GROUPS", {}), ("_SERVER", [1, 2]), ("_LOCAL_PARTS", {}),
-                        ("_RUNNING", None)):
-        monkeypatch.setattr(servers, name, value)
-    running = pickle.loads(pickle.dumps(servers.ServerOptimizer(
-        mx.optimizer.SGD(learning_rate=0.1, momentum=0.9)), 0))
+    running = second_of_two_servers(monkeypatch)
     values = np.arange(20, dtype=np.float32)
     packings = {50000: [(3, 0, 10, 0)], 50001: [(3, 0, 10, 10)],
                 50002: [(4, 0, 6, -1), (5, 6, 4, -1)]}
@@ -125,14 +132,7 @@ def test_a_parameter_no_key_holds_at_a_load_keeps_its_state(monkeypatch, tmp_pat
     """A parameter in the loaded file that no key of the layout holds at the load (a layer
     frozen then, trained later: its new key may land on any server) keeps its state on every
     server, cut at its first update; the states of parameters held by other servers go."""
-    import pickle
-    import mxnet as mx
-    from odsgd.server import updater as servers
-    for name, value in (("_GROUPS", {}), ("_SERVER", [1, 2]), ("_LOCAL_PARTS", {}),
-                        ("_RUNNING", None)):
-        monkeypatch.setattr(servers, name, value)
-    running = pickle.loads(pickle.dumps(servers.ServerOptimizer(
-        mx.optimizer.SGD(learning_rate=0.1, momentum=0.9)), 0))
+    running = second_of_two_servers(monkeypatch)
     values = np.arange(12, dtype=np.float32)
     pickle.loads(servers.group_packings_command({50000: [(3, 0, 4, -1)]}).encode("ascii"))
     assert (50000 * 9973) % 2 == 0               # parameter 3 is server 0's
