@@ -26,6 +26,7 @@ import time
 import odsgd  # registers dist_odsgd; on servers it loads only the server side
 import mxnet as mx
 from odsgd.bench.fault_cases import INSIDE_FAULTS, POINTS, RUN_NAME
+from odsgd.cluster import restarts
 from odsgd.common import checkpoint_index
 import numpy as np
 
@@ -224,7 +225,7 @@ def write_weights(net, trainer, args, rank):
 
 def main(argv=None):
     args = parse_args(argv)
-    marks = Marks(args, int(os.environ.get("ODSGD_RESTART_COUNT", "0") or 0))
+    marks = Marks(args, restarts.attempt_number())
     if marks.aimed("up"):
         marks.mark("up")
     net = build(args.seed)
