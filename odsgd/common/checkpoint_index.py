@@ -17,7 +17,8 @@ import json
 import logging
 import os
 import re
-import tempfile
+
+from .state_files import replace_atomically
 
 LOG = logging.getLogger("odsgd")
 
@@ -52,20 +53,14 @@ def write_marker(prefix, step, store, num_workers, files, extra=None):
     """Writes the marker of `prefix` (through a temporary file renamed over it): the last
     file of a save, after every worker's and the servers' `files` (names, relative to the
     prefix's folder, or paths) are written."""
-    folder = os.path.dirname(os.path.abspath(prefix))
     record = {"format": MARKER_FORMAT, "prefix": os.path.basename(prefix), "step": int(step),
               "store": str(store), "num_workers": int(num_workers),
               "files": sorted(os.path.basename(f) for f in files), "extra": dict(extra or {})}
-    handle, temporary = tempfile.mkstemp(dir=folder, prefix=os.path.basename(prefix) + ".",
-                                         suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as f:
+
+    def write(temporary):
+        with open(temporary, "w") as f:
             json.dump(record, f, indent=1, sort_keys=True)
-        os.replace(temporary, marker_path(prefix))
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+    replace_atomically(marker_path(prefix), write)
     return marker_path(prefix)
 
 
@@ -109,7 +104,8 @@ def step_prefix(directory, name, step):
     return os.path.join(directory, "%s-step%09d" % (name, step))
 
 
-_STEP_NAME = re.compile(r"^(?P<name>.+)-step(?P<step>\d{9})$")
+#: a step_prefix name (then, in a file's name, what the file adds to it)
+_STEP_NAME = re.compile(r"(?P<name>.+)-step(?P<step>\d{9})")
 
 
 def checkpoint_files(prefix):
@@ -150,7 +146,7 @@ def prune_checkpoints(directory, keep, name=None):
 
 
 def _run_of(prefix):
-    match = _STEP_NAME.match(os.path.basename(prefix))
+    match = _STEP_NAME.fullmatch(os.path.basename(prefix))
     return match.group("name") if match else None
 
 
@@ -159,7 +155,7 @@ def _named_prefixes(directory, name):
     seen = {}
     for path in glob.glob(os.path.join(glob.escape(directory), "*-step" + "[0-9]" * 9 + "*")):
         base = os.path.basename(path)
-        match = re.match(r"^(?P<name>.+)-step(?P<step>\d{9})", base)
+        match = _STEP_NAME.match(base)
         if match and (name is None or match.group("name") == name):
             prefix = os.path.join(directory, base[:match.end()])
             seen[prefix] = int(match.group("step"))
