@@ -201,13 +201,10 @@ def _save_weights(path, trainer):
 
 def _servers_weights(trainer):
     """{parameter name: NumPy} of the servers' newest weights (rank 0, after the barrier)."""
-    weights = {}
-    for index, param in enumerate(trainer._params):
-        pulled = mx.nd.zeros(param.shape, dtype=param.dtype)
-        trainer._kvstore.pull(index, out=pulled)
-        weights[param.name] = pulled
-    mx.nd.waitall()
-    return {name: array.asnumpy() for name, array in weights.items()}
+    params = trainer._params
+    pulled = [mx.nd.zeros(param.shape, dtype=param.dtype) for param in params]
+    trainer._kvstore.pull(list(range(len(params))), out=pulled)   # one call, every key
+    return {param.name: array.asnumpy() for param, array in zip(params, pulled)}
 
 
 def _set_parameters(trainer, values, params_file):
