@@ -17,8 +17,7 @@ import json
 import logging
 import os
 import re
-
-from .state_files import replace_atomically
+import tempfile
 
 LOG = logging.getLogger("odsgd")
 
@@ -57,10 +56,19 @@ def write_marker(prefix, step, store, num_workers, files, extra=None):
               "store": str(store), "num_workers": int(num_workers),
               "files": sorted(os.path.basename(f) for f in files), "extra": dict(extra or {})}
 
-    def write(temporary):
-        with open(temporary, "w") as f:
+    # Its own temporary file, not state_files.replace_atomically: this module imports nothing
+    # of the package, so that a job testing the launcher alone loads it by its path.
+    folder = os.path.dirname(os.path.abspath(prefix))
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=os.path.basename(prefix) + ".",
+                                         suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w") as f:
             json.dump(record, f, indent=1, sort_keys=True)
-    replace_atomically(marker_path(prefix), write)
+        os.replace(temporary, marker_path(prefix))
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
     return marker_path(prefix)
 
 
