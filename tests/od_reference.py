@@ -111,3 +111,57 @@ def nag_predict_step(w, W, W_prev, grad, est, v, *, rescale_grad, lr, momentum, 
         previous_sum = F32(momentum) * est_before - est - F32(prev_decay) * W
         bracket = bracket - F32(prev_scale) * previous_sum
     return ((W - a) + one_plus_mu * bracket).astype(F32)
+
+
+# -- 'predict' for the adaptive optimizers (docs/predict.md, "Any other global optimizer") ----
+# The servers' step of each family as MXNet 1.9.1 documents its operator, and the worker's
+# prediction: the same step on W_t with G_hat = N g, its state the worker's own estimate.
+
+def global_adam_step(W, grad_sum, state, *, t, rescale_grad, lr, wd, beta1=0.9, beta2=0.999,
+                     epsilon=1e-8, clip_gradient=None):
+    """mx.optimizer.Adam at update count t: g = clip(r G + wd W); m, v moved towards g, g^2;
+    W - lr sqrt(1 - beta2^t) / (1 - beta1^t) m / (sqrt(v) + eps). state = [m, v], in place."""
+    g = (F32(rescale_grad) * grad_sum + F32(wd) * W).astype(F32)
+    if clip_gradient is not None and clip_gradient > 0:
+        g = np.clip(g, -F32(clip_gradient), F32(clip_gradient))
+    m, v = state
+    m[:] = F32(beta1) * m + F32(1 - beta1) * g
+    v[:] = F32(beta2) * v + F32(1 - beta2) * g * g
+    rate = F32(lr * np.sqrt(1. - beta2 ** t) / (1. - beta1 ** t))
+    return (W - rate * m / (np.sqrt(v) + F32(epsilon))).astype(F32)
+
+
+def global_rmsprop_step(W, grad_sum, state, *, rescale_grad, lr, wd, gamma1=0.9,
+                        epsilon=1e-8, clip_gradient=None):
+    """mx.optimizer.RMSProp (not centered): g = clip(r G + wd W); n = (1 - gamma1) g^2 +
+    gamma1 n; W - lr g / sqrt(n + eps). state = [n], in place."""
+    g = (F32(rescale_grad) * grad_sum + F32(wd) * W).astype(F32)
+    if clip_gradient is not None and clip_gradient > 0:
+        g = np.clip(g, -F32(clip_gradient), F32(clip_gradient))
+    n, = state
+    n[:] = F32(1 - gamma1) * g * g + F32(gamma1) * n
+    return (W - F32(lr) * g / np.sqrt(n + F32(epsilon))).astype(F32)
+
+
+def global_adagrad_step(W, grad_sum, state, *, rescale_grad, lr, wd, epsilon=1e-7,
+                        clip_gradient=None):
+    """mx.optimizer.AdaGrad: g = clip(r G); h += g^2; W - lr (g / sqrt(h + eps) + wd W).
+    state = [h], in place."""
+    g = rescale_and_clip(grad_sum, rescale_grad, clip_gradient)
+    h, = state
+    h[:] = h + g * g
+    return (W - F32(lr) * (g / np.sqrt(h + F32(epsilon)) + F32(wd) * W)).astype(F32)
+
+
+#: family name -> (the servers' step, the names of its state arrays)
+ADAPTIVE_STEPS = {"adam": (global_adam_step, ("mean", "var")),
+                  "rmsprop": (global_rmsprop_step, ("n",)),
+                  "adagrad": (global_adagrad_step, ("history",))}
+
+
+def adaptive_predict_step(family, W, grad, state, *, num_workers, rescale_grad, **rates):
+    """The worker's prediction for a global optimizer of `family`: its step on W_t with
+    G_hat = N grad (the rescale applied after, as the servers apply it to the sum), advancing
+    the worker's estimate `state` of the servers' state in place."""
+    step, _ = ADAPTIVE_STEPS[family]
+    return step(W, F32(num_workers) * grad, state, rescale_grad=rescale_grad, **rates)

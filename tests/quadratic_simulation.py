@@ -68,16 +68,25 @@ def simulate(workers, steps, lr, momentum=0.0, wd=0.0, rescale=1.0 / problem.BAT
     est = [[np.zeros_like(a) for a in W] for _ in range(workers)]
     v = [[np.zeros_like(a) for a in W] for _ in range(workers)]
     history = [[[], []] for _ in range(workers)]
+    # the adaptive families' states: the servers', and each worker's estimate of them
+    families = ref.ADAPTIVE_STEPS.get(optimizer, (None, ()))[1]
+    state_global = [[np.zeros_like(a) for _ in families] for a in W]
+    state_local = [[[np.zeros_like(a) for _ in families] for a in W] for _ in range(workers)]
     for t in range(steps):
         grads = [problem.gradients(local[i][0], local[i][1], *problem.batch(i, t))
                  for i in range(workers)]
         lr_mult = lr_mults_at(t)
         trained = [t >= trained_from[k] for k in range(2)]
-        global_step = ref.global_nag_step if optimizer == "nag" else ref.global_sgd_step
-        new_W = [global_step(W[k], sum(g[k] for g in grads), mom_global[k],
-                             rescale_grad=rescale, lr=lr_at(t) * lr_mult[k],
-                             momentum=momentum, wd=wd * wd_mults[k])
-                 if trained[k] else W[k] for k in range(2)]
+        if optimizer in ref.ADAPTIVE_STEPS:
+            new_W = [adaptive_step(optimizer, W[k], sum(g[k] for g in grads), state_global[k],
+                                   rescale, lr_at(t) * lr_mult[k], wd * wd_mults[k], t)
+                     if trained[k] else W[k] for k in range(2)]
+        else:
+            global_step = ref.global_nag_step if optimizer == "nag" else ref.global_sgd_step
+            new_W = [global_step(W[k], sum(g[k] for g in grads), mom_global[k],
+                                 rescale_grad=rescale, lr=lr_at(t) * lr_mult[k],
+                                 momentum=momentum, wd=wd * wd_mults[k])
+                     if trained[k] else W[k] for k in range(2)]
         # lr x wd of the round that produced W (the first round's at t = 0: W_prev = W then)
         prev_decays = [lr_at(max(t - 1, 0)) * lr_mults_at(max(t - 1, 0))[k] * wd * wd_mults[k]
                        for k in range(2)]
@@ -91,6 +100,10 @@ def simulate(workers, steps, lr, momentum=0.0, wd=0.0, rescale=1.0 / problem.BAT
                     pass
                 elif t < warmup_steps:
                     local[i][k] = new_W[k].copy()
+                elif local_optimizer == "predict" and optimizer in ref.ADAPTIVE_STEPS:
+                    local[i][k] = adaptive_step(optimizer, W[k], workers * grads[i][k],
+                                                state_local[i][k], rescale,
+                                                lr_at(t) * lr_mult[k], wd * wd_mults[k], t)
                 elif local_optimizer == "predict" and optimizer == "nag":
                     local[i][k] = ref.nag_predict_step(
                         local[i][k], W[k], W_prev[k], grads[i][k], est[i][k], v[i][k],
@@ -118,6 +131,15 @@ def simulate(workers, steps, lr, momentum=0.0, wd=0.0, rescale=1.0 / problem.BAT
         if global_history is not None:
             global_history.append([a.copy() for a in W])
     return history, W
+
+
+def adaptive_step(family, W, grad_sum, state, rescale, lr, wd, t):
+    """One step of an adaptive family (Adam, RMSProp, AdaGrad) with MXNet's defaults, at the
+    update count t + 1 of a parameter that trains from the first step."""
+    rates = dict(rescale_grad=rescale, lr=lr, wd=wd)
+    if family == "adam":
+        rates["t"] = t + 1
+    return ref.ADAPTIVE_STEPS[family][0](W, grad_sum, state, **rates)
 
 
 def estimate_scales(estimate, workers, momentum, lr, previous_lr):

@@ -217,3 +217,21 @@ def test_parameters_in_parts_match_numpy_across_schedule_boundaries(tmp_path, op
                           global_history=global_history)
     assert_matches(results, history, W)
     assert_global_steps(results, global_history)
+
+
+def test_adam_predict_matches_numpy_at_every_step(tmp_path):
+    """Global optimizer Adam with 'predict' (Adam's own step on W_t with N g, the worker's
+    estimate of the servers' Adam state advanced by it): wd 0.05, lr_mult 0.3 on the weight,
+    wd_mult 0 on the bias, 2 warm-up steps and Trainer.set_learning_rate at step 5. Every
+    worker's local weights and the global weights after every step equal the simulation, whose
+    servers run MXNet's Adam with its bias correction at the update count."""
+    from quadratic_simulation import assert_global_steps
+    options = dict(steps=8, lr=0.05, wd=0.05, warmup_steps=2, lr_mult_weight=0.3,
+                   wd_mult_bias=0.0, lr_change_step=5, lr_change_to=0.02)
+    results = run(tmp_path, optimizer="adam", record_global=1, **options)
+    global_history = []
+    history, W = simulate(2, 8, 0.05, wd=0.05, warmup_steps=2, lr_mults=(0.3, 1.0),
+                          wd_mults=(1.0, 0.0), lr_at=lambda t: 0.05 if t < 5 else 0.02,
+                          optimizer="adam", global_history=global_history)
+    assert_matches(results, history, W)
+    assert_global_steps(results, global_history)

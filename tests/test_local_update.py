@@ -661,3 +661,143 @@ def test_a_fallback_step_in_between_refills_the_local_copy(monkeypatch):
     gathers = _counting(monkeypatch, native, "gather_")
     _group_step(updater, group, weights, 2, rng, state)
     assert len(gathers) == 1
+
+
+# -- 'predict' for every other global optimizer (docs/predict.md) ---------------------------
+
+ADAPTIVE = {"adam": dict(beta1=0.8, beta2=0.99, epsilon=1e-6),
+            "rmsprop": dict(gamma1=0.85, epsilon=1e-6),
+            "adagrad": dict()}
+
+
+def adaptive_optimizer(family, clip, schedule, lr=0.02, wd=3e-3, rescale=0.25):
+    params = dict(ADAPTIVE[family])
+    if family == "adagrad":
+        params["eps"] = 1e-6
+    return mx.optimizer.create(family, learning_rate=lr, wd=wd, rescale_grad=rescale,
+                               clip_gradient=clip, begin_num_update=4,
+                               lr_scheduler=mx.lr_scheduler.FactorScheduler(2, 0.5, base_lr=lr)
+                               if schedule else None, **params)
+
+
+@pytest.mark.parametrize("family", sorted(ADAPTIVE))
+@pytest.mark.parametrize("clip,schedule", [(None, False), (0.4, True)])
+def test_adaptive_predict(family, clip, schedule):
+    """'predict' with a global Adam, RMSProp or AdaGrad: per parameter (with its lr_mult and
+    wd_mult), step after step, the family's own step on W_t with N g, the state carried over,
+    the rate of the servers' round (schedule at begin_num_update + t + 1), Adam's bias
+    correction at the servers' count: held to the NumPy reference."""
+    from odsgd.worker.key_groups import KeyGroup
+    optimizer = adaptive_optimizer(family, clip, schedule)
+    updater = LocalUpdater(ODSGDConfig(environ=OWN), optimizer, 3)
+    rng = np.random.RandomState(seed_of(family, clip, schedule))
+    shapes, multipliers = [(3, 4), (5,)], [(0.3, 1.0), (1.0, 0.0)]
+    weights = [mx.nd.array(rng.uniform(-1, 1, s).astype(np.float32)) for s in shapes]
+    group = KeyGroup(7, ["a", "b"], [0, 1], weights)
+    _, names = ref.ADAPTIVE_STEPS[family]
+    states = [[np.zeros(s, np.float32) for _ in names] for s in shapes]
+    for step in range(4):
+        W = [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes]
+        g = [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes]
+        for view, value in zip(group.views(group.current), W):
+            view[:] = value
+        updater.update_group(group, step, weights, [mx.nd.array(a) for a in g], multipliers)
+        lr = 0.02 * (0.5 ** ((4 + step) // 2) if schedule else 1.0)
+        for i, (lr_mult, wd_mult) in enumerate(multipliers):
+            rates = dict(ADAPTIVE[family], lr=lr * lr_mult, wd=3e-3 * wd_mult,
+                         clip_gradient=clip)
+            if family == "adam":
+                rates["t"] = 4 + step + 1
+            if family == "adagrad":
+                rates["epsilon"] = 1e-6
+            expected = ref.adaptive_predict_step(family, W[i], g[i], states[i], num_workers=3,
+                                                 rescale_grad=0.25, **rates)
+            np.testing.assert_allclose(weights[i].asnumpy(), expected, rtol=RTOL, atol=ATOL,
+                                       err_msg="%s step %d parameter %d" % (family, step, i))
+
+
+@pytest.mark.parametrize("family", sorted(ADAPTIVE))
+def test_adaptive_reference_is_mxnets_optimizer(family):
+    """The reference's servers' step of each family is what MXNet's optimizer computes (rates,
+    clipping and weight decay as its operator orders them), over several steps."""
+    optimizer = adaptive_optimizer(family, 0.4, False, rescale=0.5)
+    rng = np.random.RandomState(seed_of(family))
+    W = rng.uniform(-1, 1, (6, 5)).astype(np.float32)
+    weight = mx.nd.array(W)
+    state = optimizer.create_state(0, weight)
+    _, names = ref.ADAPTIVE_STEPS[family]
+    reference_state = [np.zeros_like(W) for _ in names]
+    optimizer.begin_num_update = 0
+    for step in range(3):
+        G = rng.uniform(-2, 2, W.shape).astype(np.float32)
+        optimizer.update(0, weight, mx.nd.array(G), state)
+        rates = dict(ADAPTIVE[family], lr=0.02, wd=3e-3, clip_gradient=0.4)
+        if family == "adam":
+            rates["t"] = step + 1
+        if family == "adagrad":
+            rates["epsilon"] = 1e-6
+        W = ref.ADAPTIVE_STEPS[family][0](W, G, reference_state, rescale_grad=0.5, **rates)
+        np.testing.assert_allclose(weight.asnumpy(), W, rtol=RTOL, atol=ATOL)
+
+
+def test_every_builtin_optimizer_is_predicted():
+    """Every dense optimizer MXNet 1.9.1 ships gets a local step with the store's defaults:
+    finite, not W_t itself (a prediction was made), none refused."""
+    from odsgd.worker.key_groups import KeyGroup
+    names = ["adam", "rmsprop", "adagrad", "adadelta", "adamax", "nadam", "ftrl", "ftml",
+             "signum", "lamb", "lars", "lbsgd", "dcasgd", "sgld", "sgd", "nag"]
+    for name in names:
+        optimizer = mx.optimizer.create(name, learning_rate=0.01, rescale_grad=0.5, wd=1e-3)
+        updater = LocalUpdater(ODSGDConfig(environ=OWN), optimizer, 2)
+        rng = np.random.RandomState(seed_of(name))
+        weights = [mx.nd.array(rng.uniform(-1, 1, (4, 3)).astype(np.float32))]
+        group = KeyGroup(3, [0], [0], weights)
+        W = rng.uniform(-1, 1, (4, 3)).astype(np.float32)
+        group.views(group.current)[0][:] = W
+        group.views(group.previous)[0][:] = W
+        for step in range(2):
+            updater.update_group(group, step, weights,
+                                 [mx.nd.array(rng.uniform(-1, 1, (4, 3)).astype(np.float32))],
+                                 [(1.0, 1.0)])
+        local = weights[0].asnumpy()
+        assert np.isfinite(local).all(), name
+        assert (local != W).any(), name   # LARS's trust ratio makes its step small
+
+
+def test_compensation_with_another_global_optimizer_names_the_fix():
+    """The delay compensation is defined for SGD and NAG only: with Adam it is refused when
+    the optimizer is set, naming the setting that works."""
+    optimizer = mx.optimizer.Adam(learning_rate=0.01)
+    with pytest.raises(ValueError, match=r"global optimizer Adam set compensation=0 "
+                                         r"\(ODSGD_COMPENSATION=0\)"):
+        LocalUpdater(ODSGDConfig(environ=OWN, compensation=0.5), optimizer, 2)
+
+
+def test_an_optimizer_without_an_update_takes_the_global_weights():
+    """A user's optimizer with no update() of its own: no prediction, w_{t+1} = W_t."""
+    from odsgd.worker.key_groups import KeyGroup
+
+    class Mine(mx.optimizer.Optimizer):
+        pass
+    updater = LocalUpdater(ODSGDConfig(environ=OWN), Mine(learning_rate=0.1), 2)
+    weights = [mx.nd.ones((3,))]
+    group = KeyGroup(3, [0], [0], weights)
+    group.views(group.current)[0][:] = np.float32([0.5, -1.0, 2.0])
+    updater.update_group(group, 0, weights, [mx.nd.ones((3,))], [(1.0, 1.0)])
+    np.testing.assert_array_equal(weights[0].asnumpy(), [0.5, -1.0, 2.0])
+
+
+def test_sgld_is_predicted_by_the_mean_of_its_step():
+    """SGLD's noise is drawn on the servers: the prediction is its step without the noise,
+    W - lr / 2 (r N grad + wd W)."""
+    from odsgd.worker.key_groups import KeyGroup
+    optimizer = mx.optimizer.SGLD(learning_rate=0.1, wd=0.01, rescale_grad=0.5)
+    updater = LocalUpdater(ODSGDConfig(environ=OWN), optimizer, 2)
+    rng = np.random.RandomState(3)
+    W, grad = [rng.uniform(-1, 1, (5,)).astype(np.float32) for _ in range(2)]
+    weights = [mx.nd.zeros((5,))]
+    group = KeyGroup(3, [0], [0], weights)
+    group.views(group.current)[0][:] = W
+    updater.update_group(group, 0, weights, [mx.nd.array(grad)], [(1.0, 1.0)])
+    expected = W - 0.05 * (0.5 * 2 * grad + 0.01 * W)
+    np.testing.assert_allclose(weights[0].asnumpy(), expected, rtol=RTOL, atol=ATOL)

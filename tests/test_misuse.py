@@ -174,8 +174,6 @@ def test_misuse_inside_a_job(tmp_path):
         with open(tmp_path / ("rank%d.json" % rank)) as f:
             results = json.load(f)
         expected = {
-            "predict_with_adam": "ValueError: local_optimizer='predict' predicts an SGD step "
-                                 "and needs the global optimizer 'sgd', got 'Adam'",
             "pushpull_without_optimizer": "ValueError: dist_odsgd has no optimizer: call "
                                           "kv.set_optimizer",
             "sparse_weight": "TypeError: dist_odsgd supports dense weights only, got stype "

@@ -40,7 +40,7 @@ import mxnet as mx
 import numpy as np
 
 from .. import native
-from ..common.rates import global_learning_rate
+from ..common.rates import global_learning_rate, schedule_count
 
 LOG = logging.getLogger("odsgd")
 
@@ -400,16 +400,14 @@ class PredictRule(LocalRule):
 
     @classmethod
     def create(cls, config, global_optimizer, num_workers):
-        """PredictNAGRule for the global optimizer NAG, PredictSGDRule for SGD; another
-        global optimizer is refused (docs/spec.md, section 4)."""
-        if type(global_optimizer) not in (mx.optimizer.SGD, mx.optimizer.NAG):
-            raise ValueError("local_optimizer='predict' predicts an SGD step and needs the "
-                             "global optimizer 'sgd', got %r ('nag', SGD with Nesterov "
-                             "momentum, works too); use local_optimizer='sgd' with another "
-                             "global optimizer" % type(global_optimizer).__name__)
-        step = PredictNAGRule if isinstance(global_optimizer, mx.optimizer.NAG) else \
-            PredictSGDRule
-        return step(config, global_optimizer, num_workers)
+        """PredictNAGRule for the global optimizer NAG, PredictSGDRule for SGD (exact types:
+        their subclasses may change the update), PredictOptimizerRule for any other optimizer
+        (docs/spec.md, section 4)."""
+        if type(global_optimizer) is mx.optimizer.NAG:
+            return PredictNAGRule(config, global_optimizer, num_workers)
+        if type(global_optimizer) in (mx.optimizer.SGD, mx.optimizer.ccSGD):
+            return PredictSGDRule(config, global_optimizer, num_workers)
+        return PredictOptimizerRule(config, global_optimizer, num_workers)
 
     def base_rates(self, step):
         opt = self.global_optimizer
@@ -536,6 +534,114 @@ class PredictNAGRule(PredictRule):
                                     wd=params.wds[i], prev_decay=params.prev_decays[i],
                                     num_workers=params.num_workers,
                                     **self.fallback_estimate(i, params), **params.shared())
+
+
+class NoiselessSGLD(mx.optimizer.SGLD):
+    """SGLD's step without its noise: w = W - lr / 2 (g + wd W). What 'predict' predicts of
+    a global SGLD step, whose Gaussian noise, drawn on the servers, no worker can know: the
+    mean of the step."""
+
+    def update(self, index, weight, grad, state):
+        self._update_count(index)
+        lr, wd = self._get_lr(index), self._get_wd(index)
+        grad = grad * self.rescale_grad
+        if self.clip_gradient is not None:
+            grad = mx.nd.clip(grad, -self.clip_gradient, self.clip_gradient)
+        weight[:] += -lr / 2 * (grad + wd * weight)
+
+
+#: optimizer attributes a worker's copy of the global optimizer does not take: the rates come
+#: per step and per parameter from the rules' `rates` (schedule, Trainer.set_learning_rate and
+#: multipliers as the servers apply them), the counts are set per step, and Gluon's parameters
+#: and Module's symbol are the user's (never copied)
+_NOT_COPIED = ("param_dict", "lr_scheduler", "lr_mult", "wd_mult", "idx2name", "sym_info",
+               "_all_index_update_counts", "_index_update_count")
+
+
+def worker_copy(optimizer, cls=None):
+    """A copy of the global `optimizer` for the worker's prediction: its class (or `cls`) and
+    every hyper-parameter, with no schedule, multipliers, parameters or counts of its own."""
+    kept = {name: value for name, value in vars(optimizer).items() if name not in _NOT_COPIED}
+    twin = object.__new__(cls or type(optimizer))
+    twin.__dict__.update(copy.deepcopy(kept))
+    twin.param_dict, twin.lr_scheduler, twin.idx2name = {}, None, {}
+    twin.lr_mult, twin.wd_mult = {}, {}
+    twin.sym_info = ()
+    twin._all_index_update_counts = {0: {}}
+    twin._index_update_count = twin._all_index_update_counts[0]
+    return twin
+
+
+def predictable(optimizer):
+    """Whether 'predict' can apply `optimizer`'s own update on a worker: it has an `update` of
+    its own (a user's class may define none) and it is deterministic (SGLD is predicted by
+    its mean, NoiselessSGLD)."""
+    return type(optimizer).update is not mx.optimizer.Optimizer.update
+
+
+class PredictOptimizerRule(PredictRule):
+    """'predict' for any global optimizer other than SGD and NAG (Adam, RMSProp, AdaGrad,
+    LAMB, ...; docs/predict.md, "Any other global optimizer"): the global optimizer's own
+    update applied to W_t with G_hat = N g, through a copy of it on the worker (same class and
+    hyper-parameters) whose state, one per parameter, is the worker's estimate of the servers'
+    state, advanced by each prediction. Per step the copy takes the servers' rate of the
+    round, each parameter's multipliers, the global rescale_grad times N, and the servers'
+    update count (Adam's bias correction reads it).
+
+    An optimizer without an update of its own gets no prediction: w_{t+1} = W_t (the gradient
+    of step t+1 is then taken at the newest global weights, one round stale), said once in
+    the log."""
+    buffers = ()
+    default_compensation = False
+
+    def __init__(self, config, global_optimizer, num_workers):
+        super(PredictOptimizerRule, self).__init__(config, global_optimizer, num_workers)
+        name = type(global_optimizer).__name__
+        if self.lam:
+            raise ValueError("the delay compensation (compensation=%g) is defined for the "
+                             "global optimizers sgd and nag; with global optimizer %s set "
+                             "compensation=0 (ODSGD_COMPENSATION=0)" % (self.lam, name))
+        self.buffers = ()
+        self.optimizer = None
+        if isinstance(global_optimizer, mx.optimizer.SGLD):
+            self.optimizer = worker_copy(global_optimizer, NoiselessSGLD)
+        elif predictable(global_optimizer):
+            self.optimizer = worker_copy(global_optimizer)
+        else:
+            LOG.warning("dist_odsgd: global optimizer %s has no update() of its own to "
+                        "predict with: each worker takes its gradients at the newest global "
+                        "weights W_t (one round stale)", name)
+        self.updater = mx.optimizer.get_updater(self.optimizer) if self.optimizer else None
+
+    def update_group(self, group, step, weights, grads, multipliers):
+        W = group.views(group.current)
+        if self.updater is None:
+            for current, weight in zip(W, weights):
+                current.copyto(weight)
+            return
+        opt, glob = self.optimizer, self.global_optimizer
+        lrs, wds, _ = self.rates(step, multipliers)
+        opt.lr, opt.wd = 1.0, 1.0
+        opt.rescale_grad = glob.rescale_grad * self.num_workers
+        opt._set_current_context(group.context.device_id)
+        count = schedule_count(glob, step) - 1   # the update counts it to the servers' count
+        opt.num_update = count
+        for key, lr, wd, current, weight in zip(group.keys, lrs, wds, W, weights):
+            opt.lr_mult[key], opt.wd_mult[key] = lr, wd
+            opt._index_update_count[key] = count
+            current.copyto(weight)
+            state = self.updater.states.get(key)
+            if isinstance(state, tuple) and opt.multi_precision and \
+                    weight.dtype == np.float16:
+                current.astype(np.float32).copyto(state[0])   # the float32 master copy
+        self.updater(list(group.keys), list(grads), list(weights))
+
+    def get_extra_states(self):
+        return self.updater.get_states(dump_optimizer=False) if self.updater else None
+
+    def set_extra_states(self, saved):
+        if self.updater is not None and isinstance(saved, bytes):   # else another rule's
+            self.updater.set_states(saved)
 
 
 class MXOptimizerRule(_OwnRatesRule):

@@ -40,11 +40,6 @@ def main():
     kv = odsgd.DistODSGD(local_optimizer="predict", warmup_steps=0)
     results = {}
 
-    def predict_with_adam():
-        trainer = mx.gluon.Trainer(dense_net().collect_params(), "adam", kvstore=kv)
-        trainer._init_kvstore()
-    results["predict_with_adam"] = raised(predict_with_adam)
-
     weight = mx.nd.ones((4, 3))
     kv.init(500, weight)
     results["pushpull_without_optimizer"] = raised(
