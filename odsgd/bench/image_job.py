@@ -17,7 +17,7 @@ import odsgd  # noqa: F401 - registers dist_odsgd; on servers only the server si
 import mxnet as mx  # on a server or scheduler the job's server loop runs in here
 import numpy as np
 
-from odsgd.bench.jobs import IMAGE_JOB_OPTIMIZERS
+from odsgd.bench.jobs import MOMENTUM_OPTIMIZERS, global_optimizer_params, parse_optimizer_params
 from odsgd.bench.study_job import run_and_write
 from odsgd.training import image_datasets, schedule, store
 from odsgd.training.imperative import EvaluationNet
@@ -49,10 +49,14 @@ def parse_args(argv=None):
     p.add_argument("--lr-decay-epoch", default="",
                    help="step mode: comma-separated epochs at which the rate is multiplied "
                    "by --lr-decay")
-    p.add_argument("--optimizer", choices=IMAGE_JOB_OPTIMIZERS, default="sgd",
-                   help="the global optimizer: sgd (momentum) or nag (Nesterov, as GluonCV's "
-                   "recipes)")
-    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--optimizer", default="sgd",
+                   help="the global optimizer, any mx.optimizer name: sgd (momentum), nag "
+                   "(Nesterov, as GluonCV's recipes), adam, rmsprop, ...")
+    p.add_argument("--momentum", type=float, default=0.9,
+                   help="of the optimizers that take one (%s)" % ", ".join(MOMENTUM_OPTIMIZERS))
+    p.add_argument("--optimizer-params", default="",
+                   help="the global optimizer's own arguments, NAME=VALUE,... (e.g. "
+                   "beta1=0.9,beta2=0.999)")
     p.add_argument("--wd", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-interval", type=int, default=0,
@@ -61,6 +65,13 @@ def parse_args(argv=None):
     p.add_argument("--save-params", help="rank 0 saves the final global weights here "
                    "(gluon .params of make_net())")
     args = p.parse_args(argv)
+    try:
+        parse_optimizer_params(args.optimizer_params)
+    except ValueError as error:
+        p.error(str(error))
+    if args.optimizer.lower() not in mx.optimizer.Optimizer.opt_registry:
+        p.error("--optimizer %r is not an mx.optimizer name (%s)"
+                % (args.optimizer, ", ".join(sorted(mx.optimizer.Optimizer.opt_registry))))
     if args.dataset is None:
         args.dataset = image_datasets.default_dataset()
     for name in ("num_epochs", "batch_size"):
@@ -140,9 +151,10 @@ def train(args):
     lr_schedule = schedule.build_schedule(args.lr, args.lr_mode, args.num_epochs, iters,
                                           lr_decay=args.lr_decay,
                                           lr_decay_epoch=args.lr_decay_epoch)
+    params = global_optimizer_params(args.optimizer, args.lr, args.momentum, args.wd,
+                                     args.optimizer_params)
     trainer = mx.gluon.Trainer(net.collect_params(), args.optimizer,
-                               {"learning_rate": args.lr, "momentum": args.momentum,
-                                "wd": args.wd, "lr_scheduler": lr_schedule}, kvstore=kv)
+                               dict(params, lr_scheduler=lr_schedule), kvstore=kv)
     step_scale = args.batch_size * (workers if store.is_synchronous(kv) else 1)
     loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
     rng = np.random.RandomState(args.seed * 100 + rank)
@@ -193,6 +205,7 @@ def train(args):
               "test_images": len(X_test), "steps": steps, "lr": args.lr,
               "lr_mode": args.lr_mode, "lr_decay_epoch": args.lr_decay_epoch,
               "optimizer": args.optimizer, "momentum": args.momentum, "wd": args.wd,
+              "optimizer_params": args.optimizer_params,
               "final_test_accuracy": history[-1]["test_accuracy"] if history else None,
               "history": history, "train_seconds": clock.train_seconds,
               "samples_per_sec": samples / clock.train_seconds,

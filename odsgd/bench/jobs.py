@@ -6,6 +6,7 @@ Used by `make demo`, `odsgd.bench throughput` and `odsgd.bench convergence`.
 import contextlib
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -14,8 +15,42 @@ import time
 
 from ..cluster.emulate import CONGESTION, asked_congestion, tbf_arguments
 
-#: global optimizers of the image jobs (both predicted by local_optimizer='predict')
-IMAGE_JOB_OPTIMIZERS = ("sgd", "nag")
+#: global optimizers of the image jobs that take the jobs' --momentum (the others, Adam and
+#: the adaptive family, take theirs through --optimizer-params)
+MOMENTUM_OPTIMIZERS = ("sgd", "nag", "signum", "lars", "lbsgd")
+
+
+def parse_optimizer_params(text):
+    """'beta1=0.8,epsilon=1e-6,centered=true' -> {'beta1': 0.8, 'epsilon': 1e-06,
+    'centered': True}: the global optimizer's own arguments of an image job; ValueError that
+    shows the form otherwise."""
+    params = {}
+    for item in filter(None, (text or "").split(",")):
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError("bad optimizer parameter %r: give NAME=VALUE,... e.g. "
+                             "beta1=0.9,epsilon=1e-7" % item)
+        value = value.strip()
+        if value.lower() in ("true", "false"):
+            params[name.strip()] = value.lower() == "true"
+            continue
+        try:
+            params[name.strip()] = int(value) if re.fullmatch(r"[-+]?\d+", value) \
+                else float(value)
+        except ValueError:
+            raise ValueError("optimizer parameter %s=%r is not a number or true/false"
+                             % (name, value)) from None
+    return params
+
+
+def global_optimizer_params(optimizer, lr, momentum, wd, params_text=""):
+    """The arguments of an image job's global optimizer: the rate, weight decay, --momentum
+    where the optimizer takes one (MOMENTUM_OPTIMIZERS), then --optimizer-params."""
+    params = {"learning_rate": lr, "wd": wd}
+    if optimizer in MOMENTUM_OPTIMIZERS:
+        params["momentum"] = momentum
+    params.update(parse_optimizer_params(params_text))
+    return params
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -38,7 +38,7 @@ import time
 from statistics import mean
 
 from odsgd.bench import convergence
-from odsgd.bench.jobs import (IMAGE_JOB_OPTIMIZERS, REPO, TOPOLOGIES, TOPOLOGY_HELP, JobFailed,
+from odsgd.bench.jobs import (REPO, parse_optimizer_params, TOPOLOGIES, TOPOLOGY_HELP, JobFailed,
                               job_environment, job_placement, run_job, step_wire_bits)
 from odsgd.training import schedule
 
@@ -68,9 +68,14 @@ def parse_args(argv=None):
     p.add_argument("--test-subset", type=int, default=0, help="first N test images")
     p.add_argument("--batch-size", type=int, default=128, help="per worker")
     p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--optimizer", choices=IMAGE_JOB_OPTIMIZERS, default="sgd",
-                   help="the global optimizer of every mode")
-    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--optimizer", default="sgd",
+                   help="the global optimizer of every mode, any mx.optimizer name (sgd, nag, "
+                   "adam, rmsprop, ...)")
+    p.add_argument("--momentum", type=float, default=0.9,
+                   help="of the optimizers that take one (sgd, nag, signum, lars, lbsgd)")
+    p.add_argument("--optimizer-params", default="",
+                   help="the global optimizer's own arguments, NAME=VALUE,... (e.g. "
+                   "beta1=0.9,beta2=0.999)")
     p.add_argument("--lr-mode", choices=schedule.MODES, default="cosine",
                    help="the global rate's schedule over the run")
     p.add_argument("--lr-decay-epoch", default="",
@@ -108,6 +113,10 @@ def parse_args(argv=None):
                 "loopback")
     if args.lr_decay_epoch and args.lr_mode != "step":
         p.error("--lr-decay-epoch needs --lr-mode step")
+    try:
+        parse_optimizer_params(args.optimizer_params)
+    except ValueError as error:
+        p.error(str(error))
     if args.dataset is None:
         from odsgd.training import image_datasets
         args.dataset = image_datasets.default_dataset()
@@ -125,7 +134,7 @@ def job_arguments(args, kvstore, seed):
             "--dataset", args.dataset, "--num-epochs", args.epochs,
             "--train-subset", args.train_subset, "--test-subset", args.test_subset,
             "--batch-size", args.batch_size, "--lr", args.lr, "--optimizer", args.optimizer,
-            "--momentum", args.momentum,
+            "--momentum", args.momentum, "--optimizer-params", args.optimizer_params,
             "--lr-mode", args.lr_mode, "--eval-interval", args.eval_interval] + extra + (
                 ["--lr-decay-epoch", args.lr_decay_epoch] if args.lr_decay_epoch else [])
 
@@ -315,7 +324,8 @@ def plot(runs, summary, path, title):
 
 
 #: report entries that make two studies' runs comparable (--reuse checks them)
-SAME_SETTINGS = ("dataset", "epochs", "batch_size", "lr", "optimizer", "momentum", "lr_mode",
+SAME_SETTINGS = ("dataset", "epochs", "batch_size", "lr", "optimizer", "momentum",
+                 "optimizer_params", "lr_mode",
                  "lr_decay_epoch", "topology", "train_subset", "test_subset", "workers",
                  "servers", "eval_interval")
 
@@ -453,7 +463,7 @@ def main(argv=None):
               "dataset": args.dataset, "model": "lenet", "modes": args.modes,
               "seeds": args.seeds, "epochs": args.epochs, "batch_size": args.batch_size,
               "lr": args.lr, "optimizer": args.optimizer, "momentum": args.momentum,
-              "lr_mode": args.lr_mode,
+              "optimizer_params": args.optimizer_params, "lr_mode": args.lr_mode,
               "lr_decay_epoch": args.lr_decay_epoch, "topology": args.topology,
               "eval_interval": args.eval_interval, "reused": args.reuse,
               "train_subset": args.train_subset,
