@@ -29,8 +29,9 @@ the fraction of copy bandwidth the fused operator reaches and "speed-up" = fallb
 fused time. Targets: fused >= 0.8x copy, >= 2x faster than the fallback.
 
 step: a whole model's local update as the store makes it every step (LocalUpdater.update_group
-on the key groups the store packs the parameters into), with lam = 0 and with the adaptive
-compensation (lam = 2), for ResNet-18 v2's 62 parameter arrays (11.7 M elements, many small,
+on the key groups the store packs the parameters into): local 'sgd' with lam = 0 and with the
+adaptive compensation (lam = 2), 'predict' for a global SGD (the fused kernel) and for a global
+Adam (the optimizer's own update per parameter), for ResNet-18 v2's 62 parameter arrays (11.7 M elements, many small,
 a few large) and the 2.1 M-parameter benchmark MLP: steps in a row with no wait in between,
 as a training loop makes them. "issue" is the Python time per step (what the training
 loop's thread pays, waits included), "total" the time per step until MXNet's engine has run
@@ -310,7 +311,11 @@ def bench_bandwidth(args):
 
 
 # -- step: a whole model's local update, lam = 0 against the compensation ----------------------
-STEP_SETTINGS = {"lam=0": (0.0, "constant"), "lam=2 adaptive": (2.0, "adaptive")}
+#: setting -> (local optimizer, global optimizer, lam, compensation mode)
+STEP_SETTINGS = {"lam=0": ("sgd", "sgd", 0.0, "constant"),
+                 "lam=2 adaptive": ("sgd", "sgd", 2.0, "adaptive"),
+                 "predict sgd": ("predict", "sgd", 0.0, "constant"),
+                 "predict adam": ("predict", "adam", 0.0, "constant")}
 
 
 def mlp_shapes():
@@ -346,14 +351,17 @@ def step_groups(shapes, seed):
     return groups
 
 
-def step_updater(lam, mode):
-    """The 'sgd' local rule of a store with this compensation, for a global SGD."""
+def step_updater(local, global_optimizer, lam, mode):
+    """The local rule of a store with this local optimizer ('sgd': its own rates; 'predict':
+    the global optimizer's) and compensation, for this global optimizer."""
     from odsgd.worker.config import ODSGDConfig
     from odsgd.worker.local_update import LocalUpdater
-    config = ODSGDConfig(local_optimizer="sgd", local_optimizer_params={
-        "learning_rate": 0.05, "momentum": 0.9, "wd": 1e-4}, compensation=lam,
-        compensation_mode=mode, warmup_steps=0, environ={})
-    optimizer = mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, rescale_grad=1.0 / 128)
+    params = {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-4} if local == "sgd" else None
+    config = ODSGDConfig(local_optimizer=local, local_optimizer_params=params,
+                         compensation=lam, compensation_mode=mode, warmup_steps=0, environ={})
+    momentum = {"momentum": 0.9} if global_optimizer == "sgd" else {}
+    optimizer = mx.optimizer.create(global_optimizer, learning_rate=0.01, wd=1e-4,
+                                    rescale_grad=1.0 / 128, **momentum)
     return LocalUpdater(config, optimizer, num_workers=2)
 
 

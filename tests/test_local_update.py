@@ -801,3 +801,34 @@ def test_sgld_is_predicted_by_the_mean_of_its_step():
     updater.update_group(group, 0, weights, [mx.nd.array(grad)], [(1.0, 1.0)])
     expected = W - 0.05 * (0.5 * 2 * grad + 0.01 * W)
     np.testing.assert_allclose(weights[0].asnumpy(), expected, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("family", ["adam", "rmsprop"])
+def test_adaptive_predict_state_survives_a_checkpoint(family):
+    """The worker's estimate of the servers' state (Adam's m and v in the group's flat buffers,
+    RMSProp's in the optimizer copy's states) is saved with get_states and loaded by a new
+    updater: its next step equals the uninterrupted one's."""
+    from odsgd.worker.key_groups import KeyGroup
+    rng = np.random.RandomState(seed_of(family, "checkpoint"))
+    W = [rng.uniform(-1, 1, (3, 4)).astype(np.float32) for _ in range(3)]
+    g = [rng.uniform(-1, 1, (3, 4)).astype(np.float32) for _ in range(3)]
+
+    def setup():
+        updater = LocalUpdater(ODSGDConfig(environ=OWN), adaptive_optimizer(family, None, False),
+                               2)
+        weights = [mx.nd.zeros((3, 4))]
+        return updater, weights, KeyGroup(3, [0], [0], weights)
+
+    def step(updater, weights, group, t):
+        group.views(group.current)[0][:] = W[t]
+        updater.update_group(group, t, weights, [mx.nd.array(g[t])], [(1.0, 1.0)])
+        return weights[0].asnumpy()
+
+    first, weights, group = setup()
+    step(first, weights, group, 0)
+    step(first, weights, group, 1)
+    saved = first.get_states([group])
+    expected = step(first, weights, group, 2)
+    second, weights2, group2 = setup()
+    second.set_states(saved, [group2])
+    np.testing.assert_array_equal(step(second, weights2, group2, 2), expected)

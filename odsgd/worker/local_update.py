@@ -34,6 +34,7 @@ local weight decay).
 import copy
 import dataclasses
 import logging
+import math
 from typing import List, Optional
 
 import mxnet as mx
@@ -407,6 +408,8 @@ class PredictRule(LocalRule):
             return PredictNAGRule(config, global_optimizer, num_workers)
         if type(global_optimizer) in (mx.optimizer.SGD, mx.optimizer.ccSGD):
             return PredictSGDRule(config, global_optimizer, num_workers)
+        if type(global_optimizer) is mx.optimizer.Adam and not global_optimizer.multi_precision:
+            return PredictAdamRule(config, global_optimizer, num_workers)
         return PredictOptimizerRule(config, global_optimizer, num_workers)
 
     def base_rates(self, step):
@@ -642,6 +645,36 @@ class PredictOptimizerRule(PredictRule):
     def set_extra_states(self, saved):
         if self.updater is not None and isinstance(saved, bytes):   # else another rule's
             self.updater.set_states(saved)
+
+
+class PredictAdamRule(PredictOptimizerRule):
+    """'predict' for a global Adam (exactly mx.optimizer.Adam, float32 weights): the same step
+    as PredictOptimizerRule, made by MXNet's own fused `adam_update` operator (the servers'
+    operator, CPU and CUDA) once per parameter, reading W_t from the group's flat `current`
+    and writing w_{t+1} straight into the parameter, its m and v kept in the group's flat
+    `mom` and `var` (saved with the worker's states): one pass over memory and no Python
+    optimizer per array. Another dtype goes through PredictOptimizerRule's path."""
+
+    def __init__(self, config, global_optimizer, num_workers):
+        super(PredictAdamRule, self).__init__(config, global_optimizer, num_workers)
+        self.buffers = ("mom", "var")
+
+    def update_group(self, group, step, weights, grads, multipliers):
+        if group.dtype != np.float32:
+            super(PredictAdamRule, self).update_group(group, step, weights, grads, multipliers)
+            return
+        opt = self.global_optimizer
+        lrs, wds, _ = self.rates(step, multipliers)
+        count = schedule_count(opt, step)
+        correction = math.sqrt(1. - opt.beta2 ** count) / (1. - opt.beta1 ** count)
+        shared = dict(beta1=opt.beta1, beta2=opt.beta2, epsilon=opt.epsilon,
+                      rescale_grad=opt.rescale_grad * self.num_workers)
+        if opt.clip_gradient:
+            shared["clip_gradient"] = opt.clip_gradient
+        for W, m, v, weight, grad, lr, wd in zip(
+                group.views(group.current), group.views(group.mom), group.views(group.var),
+                weights, grads, lrs, wds):
+            mx.nd.adam_update(W, grad, m, v, out=weight, lr=lr * correction, wd=wd, **shared)
 
 
 class MXOptimizerRule(_OwnRatesRule):
