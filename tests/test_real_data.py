@@ -346,3 +346,19 @@ def test_reuse_takes_the_saved_runs_of_the_same_settings(tmp_path):
     path.write_text(json.dumps(dict(saved, epochs=4)))
     with pytest.raises(ValueError, match=r"another study's settings: epochs 4 \(here 10\)"):
         time_to_accuracy.reusable_runs([str(path)], args)
+
+
+def test_image_jobs_take_any_optimizer_and_its_own_arguments():
+    """--optimizer-params parses NAME=VALUE,... (numbers and true/false); --momentum goes only
+    to the optimizers that take one; a malformed entry names the form."""
+    from odsgd.bench.jobs import global_optimizer_params, parse_optimizer_params
+    assert parse_optimizer_params("beta1=0.8,epsilon=1e-6,centered=true,aggregate_num=2") == {
+        "beta1": 0.8, "epsilon": 1e-6, "centered": True, "aggregate_num": 2}
+    assert global_optimizer_params("adam", 0.001, 0.9, 1e-4, "beta2=0.99") == {
+        "learning_rate": 0.001, "wd": 1e-4, "beta2": 0.99}
+    assert global_optimizer_params("nag", 0.05, 0.9, 1e-4) == {
+        "learning_rate": 0.05, "wd": 1e-4, "momentum": 0.9}
+    with pytest.raises(ValueError, match="NAME=VALUE"):
+        parse_optimizer_params("beta1")
+    with pytest.raises(ValueError, match="not a number"):
+        parse_optimizer_params("beta1=high")
