@@ -9,6 +9,8 @@ worker's next weights made by a rule:
   closed form, any other through `worker_copy` with the worker's own estimate of the state);
 - `oracle`: the global optimizer's update on W_t with N g and the servers' true state (what
   'predict' would do with a perfect estimate of the state; the same as `own` for sgd);
+- `recovered` (Adam only): the worker's estimate of the servers' Adam state recovered each step
+  from the observed global step W_t - W_{t-1} (`recover_adam_sum`), then the prediction with it;
 - `exact_sum`: the servers' update itself (the rule with G_hat = G_t and the true state): the
   same points as `sync`, a check of the simulation.
 
@@ -40,7 +42,29 @@ from odsgd.bench.jobs import global_optimizer_params  # noqa: E402
 from odsgd.training import image_datasets  # noqa: E402
 from odsgd.worker.local_update import worker_copy  # noqa: E402
 
-RULES = ("sync", "stale", "own", "oracle", "exact_sum")
+RULES = ("sync", "stale", "own", "oracle", "recovered", "exact_sum")
+
+
+def recover_adam_sum(step, m, v, own, beta1, beta2):
+    """Adam's effective gradient of a round (after rescale, weight decay and clipping) from the
+    round's step s = (W_before - W_after) / lr_c and the state (m, v) before it, per element:
+    (beta1 m + (1 - beta1) G) / sqrt(beta2 v + (1 - beta2) G^2) = s (epsilon neglected) is a
+    quadratic in G; of its roots that give the step's sign, the one nearest `own` (the worker's
+    own estimate of that round)."""
+    b, e = 1.0 - beta1, 1.0 - beta2
+    a, c = beta1 * m, beta2 * v
+    A = b * b - e * step * step
+    Q = np.maximum(b * b * c + a * a * e - step * step * e * c, 0.0)
+    safe = np.where(np.abs(A) > 1e-12, A, 1.0)
+    roots = [(-a * b + sign * np.abs(step) * np.sqrt(Q)) / safe for sign in (1.0, -1.0)]
+    best = own.copy()
+    distance = np.full(own.shape, np.inf)
+    for root in roots:
+        valid = (np.abs(A) > 1e-12) & ((np.sign(a + b * root) == np.sign(step)) | (step == 0))
+        closer = valid & (np.abs(root - own) < distance)
+        best = np.where(closer, root, best)
+        distance = np.where(closer, np.abs(root - own), distance)
+    return best
 
 
 def flat_norm(arrays):
@@ -103,6 +127,8 @@ class Simulation(object):
             return out
         if self.rule == "own" and type(opt) in (mx.optimizer.SGD, mx.optimizer.NAG):
             return self.closed_form(grads, out)
+        if self.rule == "recovered":
+            return self.recovered(rank, step, grads)
         updater = self.copies[rank]
         if self.rule in ("oracle", "exact_sum"):
             updater.states = copy.deepcopy(server_states)
@@ -116,6 +142,32 @@ class Simulation(object):
         if self.rule == "exact_sum":
             grads = self.summed
         updater(list(range(len(out))), list(grads), out)
+        return out
+
+    def recovered(self, rank, step, grads):
+        """Adam with the state recovered from the global steps (numpy, per element)."""
+        opt = self.optimizer
+        b1, b2, eps = opt.beta1, opt.beta2, opt.epsilon
+        if not hasattr(self, "kept"):
+            self.kept = [[(np.zeros(w.shape, np.float64), np.zeros(w.shape, np.float64))
+                          for w in self.W] for _ in range(self.N)]
+            self.own_prev = [[None] * len(self.W) for _ in range(self.N)]
+
+        def rate(k):   # lr_c of the round with update count k (>= 1)
+            return opt.lr * np.sqrt(1. - b2 ** k) / (1. - b1 ** k)
+        out = []
+        for j, (W, Wp, g) in enumerate(zip(self.W, self.W_prev, grads)):
+            W, Wp = W.asnumpy().astype(np.float64), Wp.asnumpy().astype(np.float64)
+            m, v = self.kept[rank][j]
+            if step >= 1:
+                s = (Wp - W) / rate(step)
+                G = recover_adam_sum(s, m, v, self.own_prev[rank][j], b1, b2)
+                m, v = b1 * m + (1 - b1) * G, b2 * v + (1 - b2) * G * G
+                self.kept[rank][j] = (m, v)
+            own = self.N * opt.rescale_grad * g.asnumpy() + opt.wd * W
+            self.own_prev[rank][j] = own
+            m1, v1 = b1 * m + (1 - b1) * own, b2 * v + (1 - b2) * own * own
+            out.append(mx.nd.array(W - rate(step + 1) * m1 / (np.sqrt(v1) + eps)))
         return out
 
     def closed_form(self, grads, out):
