@@ -12,9 +12,13 @@ one line runs `install()` below at interpreter start-up.
 `install()` costs nothing at start-up: it imports neither mxnet nor odsgd. It adds an import
 hook that waits for `mxnet.kvstore.base` (where `create` lives) and wraps `create` there,
 before `mxnet.kvstore` re-exports it, so that `create('dist_odsgd')` imports odsgd (which
-registers the real store) first. Any other name goes to MXNet's own `create` untouched, and
-servers and schedulers, which never create a store, import nothing. Where odsgd cannot be
+registers the real store) first. Any other name goes to MXNet's own `create`. Where odsgd cannot be
 imported, `create('dist_odsgd')` raises instead of falling back.
+
+The same wrapper is where a job's commands get signed and checked (docs/cluster.md, "Who may
+reach a job"): a server's loop starts inside `import mxnet` with `create('dist')`, so that call
+is the last moment to wrap the server's command handler; a worker's dist store signs what it
+sends from its creation on (`guard_commands`).
 """
 import importlib.abc
 import os
@@ -24,9 +28,65 @@ STORE_NAME = "dist_odsgd"
 _TARGET = "mxnet.kvstore.base"
 
 
+def _job_key_module():
+    """odsgd/common/job_key.py, loaded by its path: importing it through the package would run
+    odsgd/__init__.py, which imports the whole store on a worker."""
+    name = "odsgd.common.job_key"
+    if name not in sys.modules:
+        import importlib.util
+        package = importlib.util.find_spec("odsgd")
+        if package is None or not package.submodule_search_locations:
+            raise ImportError("the odsgd package is not installed in this Python")
+        path = os.path.join(list(package.submodule_search_locations)[0], "common",
+                            "job_key.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
+def guard_commands(name):
+    """Before MXNet makes store `name`: on a server (or scheduler), MXNet's server loop is
+    about to start inside `import mxnet` (mxnet/kvstore/kvstore_server.py makes a 'dist' store,
+    then runs KVStoreServer): its command handler is wrapped so that it checks each command's
+    MAC under the job's key (odsgd/server/command_guard.py). On a worker making a dist store,
+    MXNet's command sender signs with that key (odsgd/common/job_key.py). A key file that
+    cannot be used is an error here, before the job starts."""
+    role = os.environ.get("DMLC_ROLE")
+    if role in ("server", "scheduler"):
+        server_class = getattr(sys.modules.get("mxnet.kvstore.kvstore_server"),
+                               "KVStoreServer", None)
+        if server_class is None:
+            return
+        try:
+            from odsgd.server import command_guard   # light here: odsgd/__init__.py
+        except Exception as error:                 # imports nothing on a server
+            if role == "server" and os.environ.get("ODSGD_JOB_KEY_FILE"):
+                sys.stderr.write("odsgd server: this job has a key, but its command check "
+                                 "cannot be imported (%s: %s); the server ends\n"
+                                 % (type(error).__name__, error))
+                os._exit(1)
+            return
+        command_guard.install(server_class, role)
+    elif name.lower().startswith("dist"):
+        kvstore_class = getattr(sys.modules.get("mxnet.kvstore.kvstore"), "KVStore", None)
+        if kvstore_class is not None:
+            try:
+                job_key = _job_key_module()
+            except ImportError as error:
+                if os.environ.get("ODSGD_JOB_KEY_FILE"):
+                    raise ImportError("this job has a key (ODSGD_JOB_KEY_FILE), but odsgd, "
+                                      "which signs its commands, cannot be loaded (%s); "
+                                      "repair the installation (make install)" % error)
+                return   # no key: nothing to sign
+            job_key.job_key()   # a bad key file fails here, naming the fix
+            job_key.sign_commands_of(kvstore_class)
+
+
 def wrap_create(base):
-    """Replaces `base.create` (mxnet.kvstore.base) by one that imports odsgd before it
-    creates a 'dist_odsgd' store."""
+    """Replaces `base.create` (mxnet.kvstore.base) by one that guards the job's commands
+    (`guard_commands`) and imports odsgd before it creates a 'dist_odsgd' store."""
     original = base.create
     if getattr(original, "_odsgd_wrapped", False):
         return
@@ -46,6 +106,8 @@ def wrap_create(base):
                 raise ImportError(
                     "odsgd was imported but did not register kvstore %r (is DMLC_ROLE set to "
                     "'server' or 'scheduler' in a worker?)" % STORE_NAME)
+        if isinstance(name, str):
+            guard_commands(name)
         return original(name)
 
     create.__doc__ = original.__doc__

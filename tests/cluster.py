@@ -166,3 +166,84 @@ def assert_no_leftovers(job):
         time.sleep(0.2)
     assert job.leftovers() == [], "processes left behind:\n%s\n%s" % (job.leftovers(),
                                                                        job.output[-3000:])
+
+
+def free_port():
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class HandStartedJob(object):
+    """A job started as MXNet's tools/launch.py --launcher local or a cluster manager starts
+    one: each process with the DMLC_* variables set by hand, no odsgd.launch. The scheduler and
+    the servers run `python -c "import mxnet"` (MXNet serves the job inside that import);
+    `workers` is one (argv, extra environment) per worker. Each process runs in a session of
+    its own, its output and exit time recorded; `end` kills, by pid, those still running."""
+
+    def __init__(self, workers, servers=1, env=None, server_env=None):
+        import threading
+        base = dict(os.environ)
+        base.update({"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(free_port()),
+                     "DMLC_NUM_WORKER": str(len(workers)), "DMLC_NUM_SERVER": str(servers),
+                     "DMLC_NODE_HOST": "127.0.0.1", "OMP_NUM_THREADS": "1",
+                     "PYTHONPATH": REPO + os.pathsep + base.get("PYTHONPATH", "")})
+        for name in ("ODSGD_JOB_KEY_FILE", "ODSGD_RESTART_COUNT"):
+            base.pop(name, None)
+        base.update(env or {})
+        serve = [sys.executable, "-c", "import mxnet"]
+        plan = [("scheduler", serve, {"DMLC_ROLE": "scheduler"})]
+        plan += [("server %d" % i, serve, dict(server_env or {}, DMLC_ROLE="server"))
+                 for i in range(servers)]
+        plan += [("worker %d" % i, argv, dict(extra or {}, DMLC_ROLE="worker"))
+                 for i, (argv, extra) in enumerate(workers)]
+        self.processes, self.outputs, self.exited_at = {}, {}, {}
+        self.readers = []
+        for label, argv, extra in plan:
+            process_env = dict(base)
+            process_env.update({k: v for k, v in extra.items() if v is not None})
+            for name in [k for k, v in extra.items() if v is None]:
+                process_env.pop(name, None)
+            process = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, env=process_env, cwd=REPO,
+                                       start_new_session=True, text=True)
+            self.processes[label], self.outputs[label] = process, []
+            reader = threading.Thread(target=self._read, args=(label, process), daemon=True)
+            reader.start()
+            self.readers.append(reader)
+
+    def _read(self, label, process):
+        for line in process.stdout:
+            self.outputs[label].append(line)
+        process.wait()
+        self.exited_at[label] = time.time()
+
+    def output(self, label=None):
+        labels = [label] if label else list(self.processes)
+        return "\n".join("[%s] %s" % (name, line.rstrip("\n"))
+                         for name in labels for line in list(self.outputs[name]))
+
+    def wait(self, timeout):
+        """{label: exit code} once every process exited; AssertionError with the output after
+        `timeout` seconds (the processes still running are killed)."""
+        deadline = time.time() + timeout
+        while len(self.exited_at) < len(self.processes) and time.time() < deadline:
+            time.sleep(0.1)
+        if len(self.exited_at) < len(self.processes):
+            running = [l for l in self.processes if l not in self.exited_at]
+            self.end()
+            raise AssertionError("still running after %g s: %s\n%s"
+                                 % (timeout, running, self.output()[-6000:]))
+        return {label: p.returncode for label, p in self.processes.items()}
+
+    def end(self):
+        for process in self.processes.values():
+            if process.poll() is None:
+                try:
+                    os.kill(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                process.wait()
+        for reader in self.readers:
+            reader.join(5)

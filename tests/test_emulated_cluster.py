@@ -369,13 +369,50 @@ def _wildcard_listener(cluster, index):
         process.wait()
 
 
+def _key_files(cluster):
+    """{path: key} of the job key files the workers and servers on the hosts were given, one
+    per host (ODSGD_JOB_KEY_FILE in their environment)."""
+    found = {}
+    for host in cluster.hosts:
+        for role in ("server", "worker"):
+            for pid in _role_pids(cluster, host.index, role):
+                path = _environment_of(pid).get("ODSGD_JOB_KEY_FILE")
+                assert path, "pid %d (%s on host %d) has no key file" % (pid, role, host.index)
+                with open(path) as f:
+                    found[path] = f.read().strip()
+    assert len(found) == 3 and len(set(found.values())) == 1, found   # hosts 0, 1, 2
+    return found
+
+
+def _command_lines_holding(key_files):
+    """(pid, command line) of every process of this machine whose command line holds one of
+    the keys."""
+    shown = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    command = f.read().decode("utf-8", "replace")
+            except OSError:
+                continue
+            if any(key in command for key in key_files.values()):
+                shown.append((int(pid), command))
+    return shown
+
+
 @pytest.mark.timeout(120)
 def test_job_ports_refuse_connections_from_outside_the_job(tmp_path):
     """While a job runs (scheduler and server on host 0, workers on hosts 1 and 2), every job
     port of host 0 accepts a TCP connection at the job's address from a job host, and refuses
     one at 127.0.0.1 on host 0 and at a second address of host 0 (198.18.1.1) from an outsider
     namespace on the same switch. A listener of the test bound to 0.0.0.0 on host 0 connects
-    on both: what a job bound to every address would do."""
+    on both: what a job bound to every address would do.
+
+    The same job shows the job's key on no command line: the key that odsgd.launch made,
+    read from the file each remote worker was given, is in no process's /proc/<pid>/cmdline
+    on any host (all of them share this machine's /proc) nor in the launcher's output, while
+    the servers took the workers' signed SGD (the pulled weights are 0 - 1 * 2). The key files
+    are gone after the job."""
     second = emulate.OUTSIDE_NETWORK + ".1"
     release = tmp_path / "release"
     records = tmp_path / "records"
@@ -383,11 +420,13 @@ def test_job_ports_refuse_connections_from_outside_the_job(tmp_path):
     with emulate.EmulatedCluster(hosts=3, outsider=True) as cluster:
         cluster.add_address(0, second)   # before the job starts: a wildcard bind would take it
         job = Launched(cluster, "roles_job.py",
-                       ["--out", records, "--names", "DMLC_PS_ROOT_PORT", "--hold", release],
-                       workers=2, servers=1, timeout=90)
+                       ["--out", records, "--names", "DMLC_PS_ROOT_PORT", "--hold", release,
+                        "--sgd"], workers=2, servers=1, timeout=90)
         try:
-            job.wait_for(r"\[worker \d on 198\.18\.0\.2\] worker \d ready", 60)
-            job.wait_for(r"\[worker \d on 198\.18\.0\.3\] worker \d ready", 30)
+            job.wait_for(r"\[worker \d on 198\.18\.0\.2\] worker \d ready, pulled -2$", 60)
+            job.wait_for(r"\[worker \d on 198\.18\.0\.3\] worker \d ready, pulled -2$", 30)
+            key_files = _key_files(cluster)
+            shown = _command_lines_holding(key_files)
             ports = _job_ports(cluster, 0)
             with _wildcard_listener(cluster, 0) as wildcard_port:
                 job_host = _connect(lambda argv: cluster.on_host(1, argv),
@@ -399,6 +438,9 @@ def test_job_ports_refuse_connections_from_outside_the_job(tmp_path):
             release.touch()   # the workers exit, and the job ends
         code = job.wait()
         assert code == 0, job.output()[-6000:]
+    assert shown == [], shown
+    assert not any(key in job.output() for key in key_files.values())
+    assert not any(os.path.exists(path) for path in key_files), key_files
     scheduler_port = int(read_records(records)["worker"][0]["DMLC_PS_ROOT_PORT"])
     assert sorted(ports.values()) == ["scheduler", "server"], ports
     assert ports[scheduler_port] == "scheduler", ports

@@ -70,11 +70,14 @@ import time
 import warnings
 
 from ..common import config  # imports nothing of MXNet
-from . import restarts  # neither
+from . import job_keys, restarts  # neither
 from .parent_death import die_with_parent  # neither
 from .ps_scheduler import mxnet_package_file  # neither
 
 LOG = logging.getLogger("odsgd.launch")
+#: subprocess.Popen before the launcher replaces it (_TrackedPopen): for calls that are no
+#: processes of the job
+_PLAIN_POPEN = subprocess.Popen
 
 #: seconds between ssh keep-alive probes (3 unanswered ones end the ssh client)
 SSH_ALIVE_SECONDS = 2
@@ -518,13 +521,19 @@ def job_address(first_host):
         return probe.getsockname()[0]
 
 
-def _remote_env(pass_envs, role_env=None):
+def _remote_env(pass_envs, role_env=None, remote_keys=None):
     """dmlc_tracker.ssh.get_env, mended: this machine's job variables too, then the
     --env-server or --env-worker values of the process's role (pass_envs['DMLC_ROLE']), then
     dmlc_tracker's own; each quoted for the remote shell (the whole remote command is inside
-    single quotes). Each name is exported once, so no value depends on the export order."""
+    single quotes). Each name is exported once, so no value depends on the export order.
+    ODSGD_JOB_KEY_FILE is the path of the key's file on the process's host (`remote_keys`,
+    odsgd/cluster/job_keys.py), never the key."""
     own = (role_env or {}).get(pass_envs.get("DMLC_ROLE"), {})
     own = {k: v for k, v in own.items() if k not in pass_envs}
+    key_path = remote_keys.path_on(pass_envs["DMLC_NODE_HOST"]) \
+        if remote_keys is not None and "DMLC_NODE_HOST" in pass_envs else None
+    if key_path is not None:
+        own[job_keys.job_key.KEY_FILE_VARIABLE] = key_path
     names = [k for k in sorted(os.environ)
              if (k.startswith(SSH_ENV_PREFIXES) or k in SSH_ENV_NAMES)
              and k not in pass_envs and k not in own]
@@ -555,16 +564,22 @@ def remote_quote(word):
     return '"' + re.sub(r'([\\"$`])', r"\\\1", word) + '"'
 
 
+#: the job key's files on the hosts of an ssh job (odsgd/cluster/job_keys.py)
+REMOTE_KEYS = None
+
+
 def _mend_dmlc_tracker(launcher, deadline, hostfile=None, role_env=None):
     role_env = role_env or {}
     link_watch = None
     if launcher == "ssh" and hostfile:
         # before Popen is replaced: the `ip` these run is no process of the job
-        global _SSH_OPTIONS
+        global _SSH_OPTIONS, REMOTE_KEYS
         from dmlc_tracker import ssh
         address = job_address(read_hostfile(hostfile)[0])
         link_watch = LinkWatch(address)
-        ssh.get_env = functools.partial(_remote_env, role_env=role_env)
+        REMOTE_KEYS = job_keys.RemoteKeys(job_keys.ssh_ports(hostfile), _PLAIN_POPEN)
+        ssh.get_env = functools.partial(_remote_env, role_env=role_env,
+                                        remote_keys=REMOTE_KEYS)
         alive = float(os.environ.get("ODSGD_SSH_ALIVE_SECONDS", SSH_ALIVE_SECONDS))
         _SSH_OPTIONS = ssh_options(alive)
         LOG.info("odsgd.launch: ssh job; the scheduler binds %s", address)
@@ -710,6 +725,15 @@ def main(argv=None):
               "launch.py's options follow:\n" % (own_options_help(), config.DEFAULT_EXIT_WAIT))
         argv = ["--launcher", "local", "--help"]   # launch.py's own help; starts nothing
     settings, argv = parse_restart_options(argv)
+    # one key for the job, all its attempts: a child launcher finds the variable set
+    key_folder = job_keys.job_key_file(parse_own_options(argv)[1])
+    try:
+        return _run_attempts(argv, settings)
+    finally:
+        job_keys.remove_folder(key_folder)
+
+
+def _run_attempts(argv, settings):
     if settings.max_restarts > 0:
         # each attempt is a child `python -m odsgd.launch` that ends up below
         return restarts.run(argv, settings)
@@ -765,6 +789,8 @@ def run_job(argv):
     finally:
         signal.signal = install_signal_handler
         ended = JOB.end_all()
+        if REMOTE_KEYS is not None:
+            REMOTE_KEYS.remove_all()
     if code == 0 and JOB.failure is not None:
         code, reason, cause = 1, JOB.failure, "process"
     if cause == "process":

@@ -12,11 +12,13 @@ a worker that receives it writes the reason to stderr and ends with exit code 1,
 blocked in, after a grace of a few seconds (ALARM_GRACE_SECONDS, at most ODSGD_EXIT_WAIT): the
 failed worker, whose own error says most, ends first where it can, and a launcher that ends
 the job when a process fails names it. A line must carry the sender's token, a random number it published with its
-address, so that nothing but a worker of the same job can end one.
+address, and where the job has a key (odsgd/common/job_key.py) a MAC under it, so that nothing
+but a worker of the same job can end one (the token travels through the servers in clear).
 
 The address is DMLC_NODE_HOST where the launcher sets it (odsgd.launch and dmlc_tracker's ssh
 launcher do), else the one this host reaches the scheduler from.
 """
+import hmac
 import json
 import os
 import random
@@ -25,6 +27,7 @@ import sys
 import threading
 import time
 
+from ..common import job_key
 from ..common.config import exit_wait_seconds
 
 #: seconds a worker whose step failed spends on its alarm, reaching every other worker at once
@@ -84,8 +87,10 @@ class FailureAlarm(object):
         error handling: the workers are reached at once, each from a daemon thread of its own,
         so that unreachable ones delay this worker's own error by SEND_SECONDS, not by
         SEND_SECONDS each (a thread still connecting then is left behind)."""
-        line = (json.dumps({"rank": self.rank, "step": int(step), "error": str(error),
-                            "token": self.token}) + "\n").encode("utf-8")
+        message = {"rank": self.rank, "step": int(step), "error": str(error),
+                   "token": self.token}
+        message["mac"] = _alarm_mac(message)
+        line = (json.dumps(message) + "\n").encode("utf-8")
         deadline = time.monotonic() + SEND_SECONDS
         senders = [threading.Thread(target=_send, args=(host, port, line, SEND_SECONDS),
                                     name="odsgd failure alarm to rank %d" % rank, daemon=True)
@@ -108,7 +113,8 @@ class FailureAlarm(object):
                 except (OSError, ValueError):
                     continue
             if isinstance(message, dict) and \
-                    self._tokens.get(message.get("rank")) == message.get("token"):
+                    self._tokens.get(message.get("rank")) == message.get("token") and \
+                    _mac_matches(message):
                 self._end(message)
 
     def _end(self, message):
@@ -121,6 +127,23 @@ class FailureAlarm(object):
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(1)
+
+
+def _alarm_mac(message):
+    """The MAC of an alarm under the job's key (None where the job has none)."""
+    key = job_key.job_key()
+    if key is None:
+        return None
+    return job_key.mac(key, b"alarm", job_key.job_context(), message.get("rank"),
+                       message.get("step"), message.get("error"),
+                       json.dumps(message.get("token")))
+
+
+def _mac_matches(message):
+    expected, given = _alarm_mac(message), message.get("mac")
+    if expected is None:
+        return True
+    return isinstance(given, str) and hmac.compare_digest(expected, given)
 
 
 def _send(host, port, line, timeout):

@@ -26,7 +26,7 @@ import mxnet as mx
 from mxnet.kvstore import KVStoreBase
 
 from . import eval_weights, trace as timeline, states as worker_states
-from ..common import rates
+from ..common import job_key, rates
 from ..server import updater as servers
 from .agreement import WorkerAgreement
 from .config import ODSGDConfig
@@ -104,6 +104,9 @@ class DistODSGD(KVStoreBase):
                 "Trainer or Module of the process")
         #: MXNet's own dist_sync store underneath
         self.raw = mx.kv.create("dist_sync")
+        # every command to the servers signed with the job's key (the start-up hook does it
+        # too, where it runs)
+        job_key.sign_commands_of(type(self.raw))
         DistODSGD._made_in_this_process = True
         exit_on_uncaught_exception()
         timeline.start_if_asked(self.rank)   # ODSGD_TIMELINE: a trace of this worker

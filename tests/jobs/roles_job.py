@@ -2,8 +2,10 @@
 and the variables named by --names to OUT/<role>-<pid>.json, then imports mxnet. On a
 scheduler or a server that import runs the ps-lite node until the job ends and never returns,
 so the record has to come first. Workers then do one push and pull on dist_sync (the job
-works end to end), print `worker <rank> ready`, and with --hold wait until that file exists,
-which keeps every job port open while a test looks at them."""
+works end to end; with --sgd the servers first get SGD at rate 1 through MXNet's
+set_optimizer, so that the pulled weights are 0 - 1 * num_workers), print `worker <rank> ready,
+pulled <value>`, and with --hold wait until that file exists, which keeps every job port open
+while a test looks at them."""
 import argparse
 import json
 import os
@@ -17,6 +19,7 @@ def parse_args(argv=None):
     p.add_argument("--names", default="", help="comma-separated variables to record")
     p.add_argument("--hold", help="workers wait until this file exists before they exit")
     p.add_argument("--hold-timeout", type=float, default=60.0)
+    p.add_argument("--sgd", action="store_true", help="the servers apply SGD at rate 1")
     return p.parse_args(argv)
 
 
@@ -57,11 +60,13 @@ def main():
     import mxnet as mx   # a scheduler or server serves the job here and exits at its end
     kv = mx.kv.create("dist_sync")
     kv.init(0, mx.nd.zeros(4))
+    if args.sgd:
+        kv.set_optimizer(mx.optimizer.SGD(learning_rate=1.0, momentum=0.0, wd=0.0))
     kv.push(0, mx.nd.ones(4))
     pulled = mx.nd.zeros(4)
     kv.pull(0, out=pulled)
     pulled.wait_to_read()
-    print("worker %d ready" % kv.rank, flush=True)
+    print("worker %d ready, pulled %g" % (kv.rank, pulled.asnumpy()[0]), flush=True)
     if args.hold:
         hold(args.hold, args.hold_timeout)
 
