@@ -46,21 +46,27 @@ def nothing_left_behind():
     assert _emulated_sshds(ignore_creators=others) == []
 
 
-def _emulated_sshds(ignore_creators=()):
-    """Pids of sshd processes started with a configuration of an emulated cluster (but not of
-    a cluster made by a process of `ignore_creators`)."""
-    found = []
+def _command_lines():
+    """{pid: command line} of every process of this machine."""
+    found = {}
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
                 with open("/proc/%s/cmdline" % pid, "rb") as f:
-                    command = f.read().decode("utf-8", "replace")
+                    found[int(pid)] = f.read().decode("utf-8", "replace")
             except OSError:
                 continue
-            creator = re.search(re.escape(emulate.PREFIX) + r"-(\d+)-", command)
-            if ("sshd" in command and creator
-                    and int(creator.group(1)) not in ignore_creators):
-                found.append(int(pid))
+    return found
+
+
+def _emulated_sshds(ignore_creators=()):
+    """Pids of sshd processes started with a configuration of an emulated cluster (but not of
+    a cluster made by a process of `ignore_creators`)."""
+    found = []
+    for pid, command in _command_lines().items():
+        creator = re.search(re.escape(emulate.PREFIX) + r"-(\d+)-", command)
+        if "sshd" in command and creator and int(creator.group(1)) not in ignore_creators:
+            found.append(pid)
     return found
 
 
@@ -387,17 +393,8 @@ def _key_files(cluster):
 def _command_lines_holding(key_files):
     """(pid, command line) of every process of this machine whose command line holds one of
     the keys."""
-    shown = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open("/proc/%s/cmdline" % pid, "rb") as f:
-                    command = f.read().decode("utf-8", "replace")
-            except OSError:
-                continue
-            if any(key in command for key in key_files.values()):
-                shown.append((int(pid), command))
-    return shown
+    return [(pid, command) for pid, command in _command_lines().items()
+            if any(key in command for key in key_files.values())]
 
 
 @pytest.mark.timeout(120)

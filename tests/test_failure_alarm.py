@@ -1,79 +1,110 @@
-"""A worker whose step failed ends the other workers, whatever launched the job: here a job
+"""A worker that ends without finishing ends the whole job, whatever launched it: here jobs
 started by hand (the DMLC_* variables set per process, as MXNet's tools/launch.py or a cluster
-manager does), with nothing that ends the others when one exits."""
+manager does), with nothing else that ends the others when one exits. Every process has
+exited within ODSGD_EXIT_WAIT + 5 s of the first worker's end: the workers with exit code 1
+naming the rank and why, the server and the scheduler with 1 (0 when every worker finished:
+tests/test_job_key.py's hand-started job)."""
 import os
+import re
 import signal
-import socket
-import subprocess
 import sys
 import time
 
 import pytest
 
-from cluster import JOBS, REPO
+from cluster import JOBS, HandStartedJob
 
 pytestmark = pytest.mark.timeout(300)
-WORKERS = 2
+EXIT_WAIT = 10.0
 
 
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def run(worker_argv, kill_after_step=None, env=None):
+    """A hand-started job of 2 workers running `worker_argv` and 1 server, ODSGD_EXIT_WAIT=10;
+    with `kill_after_step`, SIGKILL to the first worker that prints that step. Returns (exit
+    codes, exit times, the job)."""
+    job = HandStartedJob([(worker_argv, {}), (worker_argv, {})],
+                         env=dict(env or {}, ODSGD_EXIT_WAIT=str(EXIT_WAIT)))
+    try:
+        if kill_after_step is not None:
+            victim = _wait_for_step(job, kill_after_step)
+            os.kill(job.processes[victim].pid, signal.SIGKILL)
+        codes = job.wait(120)
+    finally:
+        job.end()
+    return codes, dict(job.exited_at), job
 
 
-def start(role, command, port, log):
-    env = dict(os.environ, DMLC_ROLE=role, DMLC_PS_ROOT_URI="127.0.0.1",
-               DMLC_PS_ROOT_PORT=str(port), DMLC_NUM_SERVER="1", DMLC_NUM_WORKER=str(WORKERS),
-               DMLC_NODE_HOST="127.0.0.1", OMP_NUM_THREADS="1",
-               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+def _wait_for_step(job, step, timeout=90):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for label in ("worker 0", "worker 1"):
+            if any(line.startswith("step %d pid" % step) for line in job.outputs[label]):
+                return label
+        time.sleep(0.05)
+    raise AssertionError("no worker made step %d:\n%s" % (step, job.output()[-4000:]))
+
+
+def assert_whole_job_ended(codes, exited_at, job):
+    assert_ended_in_time(exited_at, job)
+    assert codes["server 0"] == 1 and codes["scheduler"] == 1, (codes, job.output()[-6000:])
+    assert "every worker has ended, 1 without finishing" in job.output("server 0") or \
+        "every worker has ended, 2 without finishing" in job.output("server 0"), \
+        job.output("server 0")
+
+
+def assert_ended_in_time(exited_at, job):
+    first = min(exited_at[w] for w in ("worker 0", "worker 1"))
+    late = {label: round(t - first, 1) for label, t in exited_at.items()
+            if t - first > EXIT_WAIT + 5}
+    assert late == {}, (late, job.output()[-6000:])
+
+
+def test_a_job_whose_workers_finish_ends_with_code_0():
+    """Both workers make their 6 steps and pass the exit check: every process exits 0."""
+    argv = [sys.executable, os.path.join(JOBS, "fault_job.py"), "--steps", "6", "--sleep", "0"]
+    codes, exited_at, job = run(argv)
+    assert set(codes.values()) == {0}, (codes, job.output()[-6000:])
+    assert "without finishing" not in job.output(), job.output()[-6000:]
+    assert_ended_in_time(exited_at, job)
 
 
 def test_the_other_workers_end_when_a_step_failed(tmp_path):
     """Rank 1's step 5 fails and its loop catches it and trains on (a careless loop): rank 0,
     blocked in that step's rounds, ends with exit code 1 and a message naming rank 1 and step
-    5, within ODSGD_EXIT_WAIT (30 s) of the failure, as rank 1 does at its exit."""
-    port = free_port()
-    logs = {name: open(str(tmp_path / ("%s.log" % name)), "w")
-            for name in ("scheduler", "server", "worker0", "worker1")}
-    idle = [sys.executable, "-c", "import mxnet"]   # the server loop runs inside the import
-    processes = {"scheduler": start("scheduler", idle, port, logs["scheduler"])}
-    processes["server"] = start("server", idle, port, logs["server"])
-    job = [sys.executable, os.path.join(JOBS, "failed_step_job.py"), "--prefix",
-           str(tmp_path / "ckpt")]
-    env_fusion = {"ODSGD_FUSION_ELEMENTS": "0"}
-    os.environ.update(env_fusion)
-    try:
-        for rank in range(WORKERS):
-            processes["worker%d" % rank] = start("worker", job, port, logs["worker%d" % rank])
-        started = time.time()
-        codes = {}
-        while len(codes) < WORKERS and time.time() - started < 120:
-            for rank in range(WORKERS):
-                code = processes["worker%d" % rank].poll()
-                if code is not None and rank not in codes:
-                    codes[rank] = (code, time.time() - started)
-            time.sleep(0.2)
-    finally:
-        for name in env_fusion:
-            os.environ.pop(name)
-        for process in processes.values():
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        for log in logs.values():
-            log.close()
-    output = {name: open(str(tmp_path / ("%s.log" % name))).read() for name in logs}
-    assert len(codes) == WORKERS, "a worker was still waiting after 120 s:\n%s" % output
-    assert [code for code, _ in codes.values()] == [1, 1], (codes, output)
+    5, as rank 1 does at its exit; then the server and the scheduler."""
+    argv = [sys.executable, os.path.join(JOBS, "failed_step_job.py"), "--prefix",
+            tmp_path / "ckpt"]
+    codes, exited_at, job = run(argv, env={"ODSGD_FUSION_ELEMENTS": "0"})
+    assert codes["worker 0"] == codes["worker 1"] == 1, (codes, job.output()[-6000:])
     # the processes are started in order, but ps-lite gives the ranks: find rank 1 by its line
-    failed = [p for p in range(WORKERS)
-              if "caught RuntimeError: injected failure of the local update"
-              in output["worker%d" % p]]
-    assert len(failed) == 1, output
-    other = 1 - failed[0]
+    failed = [w for w in ("worker 0", "worker 1")
+              if "caught RuntimeError: injected failure of the local update" in job.output(w)]
+    assert len(failed) == 1, job.output()
+    other = ({"worker 0", "worker 1"} - set(failed)).pop()
     assert "dist_odsgd: worker 1's step 5 failed (RuntimeError: injected failure of the local " \
-           "update)" in output["worker%d" % other], output["worker%d" % other]
-    assert abs(codes[0][1] - codes[1][1]) < 30, codes
+           "update)" in job.output(other), job.output(other)
+    assert_whole_job_ended(codes, exited_at, job)
+
+
+@pytest.mark.parametrize("fault", ["raise", "kill", "refuse"])
+def test_a_worker_that_ends_without_finishing_ends_the_job(fault):
+    """An exception in rank 1's own code between steps (before its forward), SIGKILL of a
+    worker after step 3, or a refusal at rank 1's first step (update_on_kvstore=False): the
+    other worker, waiting in its round, ends naming the rank and why."""
+    argv = [sys.executable, os.path.join(JOBS, "fault_job.py"), "--steps", "400",
+            "--sleep", "0.02"]
+    argv += {"raise": ["--raise-at", "4"], "kill": [], "refuse": ["--refuse"]}[fault]
+    codes, exited_at, job = run(argv, kill_after_step=3 if fault == "kill" else None)
+    assert sorted([codes["worker 0"], codes["worker 1"]]) == \
+        ([-signal.SIGKILL, 1] if fault == "kill" else [1, 1]), (codes, job.output()[-6000:])
+    why = {"raise": r"worker 1 ended without finishing \(RuntimeError: injected failure at "
+                    r"step 4\)",
+           "kill": r"worker \d ended without finishing and without a word \(killed by a "
+                   r"signal[^)]*\)",
+           "refuse": r"worker 1 ended without finishing \(ValueError: [^;]*update_on_kvstore=True"
+                      r"[^;]*\)"}[fault]
+    ended = re.compile(r"dist_odsgd: %s; the job cannot go on without it, so worker \d ends too"
+                       % why)
+    assert any(ended.search(job.output(w)) for w in ("worker 0", "worker 1")), \
+        job.output()[-6000:]
+    assert_whole_job_ended(codes, exited_at, job)

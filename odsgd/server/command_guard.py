@@ -16,7 +16,7 @@ and says so once at start.
 import os
 import sys
 
-from ..common import job_key
+from ..common import job_key, job_watch
 
 
 def _say(text):
@@ -41,6 +41,10 @@ def install(server_class, role):
              % error)
         sys.stdout.flush()
         os._exit(1)
+    if role == "scheduler":
+        # a scheduler started by hand (odsgd.launch's does not come here) ends with the
+        # workers: rank 0 tells it whom to watch (odsgd/common/job_watch.py)
+        job_watch.serve_scheduler()
     if role == "server" and key is None:
         _say("odsgd server: this job has no key (%s is unset): the commands this server "
              "unpickles are not authenticated, and any process that reaches its port can run "

@@ -47,6 +47,7 @@ import traceback
 from mxnet.optimizer import Optimizer
 
 from . import states as server_states
+from ..common import job_watch
 from ..common.config import bigarray_bound
 from ..common.rates import ScheduleAtAnyCount
 from ..common.state_files import write_atomically
@@ -575,6 +576,18 @@ def probe_command(probe, keys):
     """The body of the command that announces probe round number `probe` (1, 2, ...) of the
     server keys `keys`: the next completed round of each of them is not applied."""
     return _command(_start_probe, int(probe), [int(k) for k in keys])
+
+
+def _watch_workers(workers):
+    job_watch.watch_job(workers, "server %d" % _this_server()[0])
+    return _installed()
+
+
+def watch_workers_command(workers):
+    """The body of the command that has every server watch the workers, {rank: (address,
+    port, token)}, and end when they have all ended (odsgd/common/job_watch.py)."""
+    return _command(_watch_workers, {int(r): (str(h), int(p), [float(t) for t in token])
+                                     for r, (h, p, token) in workers.items()})
 
 
 def server_states_path(pattern, rank):

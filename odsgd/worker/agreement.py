@@ -20,6 +20,7 @@ import numpy as np
 
 from ..common import config
 from ..server import updater as servers
+from . import failure_alarm
 from .key_groups import CONTROL_KEY, GROUP_KEY_BASE, SIGNATURE_KEY_BASE
 
 # The control key: a (num_workers, _COLUMNS) table, one row per rank. The servers keep
@@ -100,6 +101,8 @@ class WorkerAgreement(object):
         self._probe = 0
         self._scratch = {}
         self._done_at_exit = False
+        #: called when the exit check passed: this worker finished (failure_alarm.py)
+        self.after_exit_check = None
         servers.send_command(self.raw, servers.control_key_command(CONTROL_KEY))
         shape = (store.num_workers, _COLUMNS)
         self.raw.init(CONTROL_KEY, mx.nd.zeros(shape, dtype="float64"))
@@ -283,10 +286,13 @@ class WorkerAgreement(object):
             self._control_round(_EXIT, 0, wait=config.exit_wait_seconds() if idle else None)
         except Exception as error:  # noqa: BLE001 - reported, then the worker ends
             self._end_worker(error)
+        if self.after_exit_check is not None:
+            self.after_exit_check()
 
     @staticmethod
     def _end_worker(reason):
-        """Ends this worker with exit code 1 and `reason` on stderr."""
+        """Ends this worker with exit code 1 and `reason` on stderr (and to the job)."""
+        failure_alarm.announce_failure(reason)
         sys.stderr.write("%s\n" % reason)
         sys.stderr.flush()
         sys.stdout.flush()

@@ -3,6 +3,8 @@ answers, and an uncaught exception that ends the worker instead of hanging the j
 import os
 import sys
 
+from . import failure_alarm
+
 REQUIRED_ENVIRONMENT = ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT",
                         "DMLC_NUM_SERVER", "DMLC_NUM_WORKER")
 #: seconds a worker waits for the scheduler at DMLC_PS_ROOT_URI:DMLC_PS_ROOT_PORT to listen,
@@ -93,6 +95,8 @@ def exit_on_uncaught_exception():
 
     def hook(kind, value, traceback):
         previous(kind, value, traceback)
+        # the other workers, the servers and the scheduler end too (failure_alarm.py)
+        failure_alarm.announce_failure("%s: %s" % (kind.__name__, value))
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(1)

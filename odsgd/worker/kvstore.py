@@ -125,8 +125,10 @@ class DistODSGD(KVStoreBase):
         self.weights_file = None
         self.agreement = WorkerAgreement(self)
         self.agreement.check_layout(layout_settings(self.config))
-        # a failed step ends the other workers, whatever launched the job
-        self.failed_step.on_failure = FailureAlarm(self.agreement.gather, self.rank).raise_alarm
+        # a worker that ends without finishing ends the job, whatever launched it
+        alarm = FailureAlarm(self.agreement.gather, self.rank, self.raw)
+        self.failed_step.on_failure = alarm.raise_alarm
+        self.agreement.after_exit_check = alarm.finished
         #: the user's keys and their key groups (odsgd/worker/key_plan.py)
         self.planner = KeyPlanner(self.raw, self.agreement, self.config.fusion_elements,
                                   self.config.part_elements)

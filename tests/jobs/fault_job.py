@@ -3,7 +3,9 @@ problem with gluon.Trainer on dist_odsgd, printing `step <t> pid <pid>` after ev
 test can wait for training to run and then inject a fault by pid.
 
 Faults it can make itself: --raise-at STEP (an uncaught exception), --exit-at STEP with
---exit-code CODE (sys.exit), --hang-at STEP (sleeps forever, e.g. a dead data loader)."""
+--exit-code CODE (sys.exit), --hang-at STEP (sleeps forever, e.g. a dead data loader),
+--refuse (the worker's Trainer has update_on_kvstore=False, which dist_odsgd refuses at the
+first step)."""
 import argparse
 import os
 import sys
@@ -25,6 +27,8 @@ def parse_args(argv=None):
     p.add_argument("--exit-at", type=int, default=-1)
     p.add_argument("--exit-code", type=int, default=3)
     p.add_argument("--hang-at", type=int, default=-1)
+    p.add_argument("--refuse", action="store_true",
+                   help="worker --rank trains with update_on_kvstore=False (refused)")
     p.add_argument("--equal-steps", action="store_true",
                    help="call odsgd.equal_steps first (arms the step check at exit)")
     p.add_argument("--no-store", action="store_true",
@@ -42,8 +46,9 @@ def main():
     kv = odsgd.DistODSGD(warmup_steps=2)
     net = mx.gluon.nn.Dense(problem.OUT_UNITS, in_units=problem.IN_UNITS)
     net.initialize()
+    refused = {"update_on_kvstore": False} if args.refuse and kv.rank == args.rank else {}
     trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01},
-                               kvstore=kv)
+                               kvstore=kv, **refused)
     if args.equal_steps:
         odsgd.equal_steps(trainer, args.steps)
     for step in range(args.steps):
