@@ -13,6 +13,7 @@ import time
 import pytest
 
 from cluster import JOBS, HandStartedJob
+from odsgd.common import job_key
 
 pytestmark = pytest.mark.timeout(300)
 EXIT_WAIT = 10.0
@@ -87,14 +88,21 @@ def test_the_other_workers_end_when_a_step_failed(tmp_path):
 
 
 @pytest.mark.parametrize("fault", ["raise", "kill", "refuse"])
-def test_a_worker_that_ends_without_finishing_ends_the_job(fault):
+def test_a_worker_that_ends_without_finishing_ends_the_job(fault, tmp_path):
     """An exception in rank 1's own code between steps (before its forward), SIGKILL of a
     worker after step 3, or a refusal at rank 1's first step (update_on_kvstore=False): the
-    other worker, waiting in its round, ends naming the rank and why."""
+    other worker, waiting in its round, ends naming the rank and why. The first job has a key
+    (every command, announcement and the scheduler's datagram signed), the others none."""
     argv = [sys.executable, os.path.join(JOBS, "fault_job.py"), "--steps", "400",
             "--sleep", "0.02"]
     argv += {"raise": ["--raise-at", "4"], "kill": [], "refuse": ["--refuse"]}[fault]
-    codes, exited_at, job = run(argv, kill_after_step=3 if fault == "kill" else None)
+    env = {}
+    if fault == "raise":
+        env["ODSGD_JOB_KEY_FILE"] = str(tmp_path / "key")
+        job_key.write_key_file(env["ODSGD_JOB_KEY_FILE"], job_key.new_key())
+    codes, exited_at, job = run(argv, kill_after_step=3 if fault == "kill" else None, env=env)
+    assert ("has no key" in job.output("server 0")) == (fault != "raise"), job.output("server 0")
+    assert "refused" not in job.output("server 0"), job.output("server 0")
     assert sorted([codes["worker 0"], codes["worker 1"]]) == \
         ([-signal.SIGKILL, 1] if fault == "kill" else [1, 1]), (codes, job.output()[-6000:])
     why = {"raise": r"worker 1 ended without finishing \(RuntimeError: injected failure at "
