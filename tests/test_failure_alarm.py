@@ -4,6 +4,7 @@ manager does), with nothing else that ends the others when one exits. Every proc
 exited within ODSGD_EXIT_WAIT + 5 s of the first worker's end: the workers with exit code 1
 naming the rank and why, the server and the scheduler with 1 (0 when every worker finished:
 tests/test_job_key.py's hand-started job)."""
+import json
 import os
 import re
 import signal
@@ -116,3 +117,38 @@ def test_a_worker_that_ends_without_finishing_ends_the_job(fault, tmp_path):
     assert any(ended.search(job.output(w)) for w in ("worker 0", "worker 1")), \
         job.output()[-6000:]
     assert_whole_job_ended(codes, exited_at, job)
+
+
+def test_a_watch_tells_finished_failed_silent_and_forged_ends_apart(monkeypatch, tmp_path):
+    """In one process, no job: four announcers, one watch of them all. One finishes, one
+    fails at step 7, one has its connections closed without a word (as a killed process's
+    are), one sends a line with a MAC not made with the job's key (a forged end, ignored) and
+    then closes: the
+    watch reports the failed one with its line, the last two as ended without a word, and
+    that all have ended."""
+    import threading
+    from odsgd.common import job_watch
+    monkeypatch.setenv("DMLC_NODE_HOST", "127.0.0.1")
+    monkeypatch.setenv("ODSGD_JOB_KEY_FILE", str(tmp_path / "key"))
+    job_key.write_key_file(str(tmp_path / "key"), job_key.new_key())
+    announcers = [job_watch.Announcer(rank) for rank in range(4)]
+    failures, done = {}, threading.Event()
+    watch = job_watch.Watch({a.rank: (a.address, a.port, a.token) for a in announcers},
+                            lambda rank, message: failures.setdefault(rank, message),
+                            lambda failed: done.set())
+    deadline = time.time() + 10
+    while any(len(a._watchers) < 1 for a in announcers) and time.time() < deadline:
+        time.sleep(0.05)
+    announcers[0].announce(job_watch.FINISHED)
+    announcers[1].announce(job_watch.FAILED, "RuntimeError: boom", 7)
+    forged = {"rank": 3, "end": job_watch.FAILED, "error": "forged", "step": None,
+              "token": announcers[3].token, "mac": "0" * 64}
+    announcers[3]._watchers[0].sendall((json.dumps(forged) + "\n").encode())
+    for announcer in announcers:
+        for connection in announcer._watchers:
+            connection.close()
+    assert done.wait(10), (failures, watch.ended)
+    assert sorted(failures) == [1, 2, 3]
+    assert failures[1]["error"] == "RuntimeError: boom" and failures[1]["step"] == 7
+    assert failures[2] is None and failures[3] is None
+    assert job_watch.describe(1, failures[1]) == "worker 1's step 7 failed (RuntimeError: boom)"

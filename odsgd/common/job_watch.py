@@ -191,7 +191,7 @@ class Watch(object):
                             outcome = message
                             if message.get("end") == FAILED:
                                 self._failure(rank, message)
-                except OSError:
+                except (OSError, ValueError):   # a reset, bytes that are no text
                     pass
         if outcome is None or outcome.get("end") not in (FINISHED, FAILED):
             self._failure(rank, None)
