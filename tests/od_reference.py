@@ -165,3 +165,51 @@ def adaptive_predict_step(family, W, grad, state, *, num_workers, rescale_grad, 
     the worker's estimate `state` of the servers' state in place."""
     step, _ = ADAPTIVE_STEPS[family]
     return step(W, F32(num_workers) * grad, state, rescale_grad=rescale_grad, **rates)
+
+
+def recover_adam_sum(step, m, v, own, beta1, beta2):
+    """Adam's effective gradient of a round from its step s = (W_before - W_after) / lr_c and
+    the state before it (docs/predict.md, "Adam: the state recovered from the global steps"):
+    the roots of (b^2 - e s^2) G^2 + 2 a b G + a^2 - s^2 c = 0 (a = beta1 m, b = 1 - beta1,
+    c = beta2 v, e = 1 - beta2) whose b G + a has the sign of s, the nearest to `own`; `own`
+    where b^2 - e s^2 is within 1e-3 b^2 of 0 or no root fits."""
+    b, e = F32(1.0 - beta1), F32(1.0 - beta2)
+    a, c = F32(beta1) * m, F32(beta2) * v
+    A = b * b - e * step * step
+    solvable = np.abs(A) > F32(1e-3) * b * b
+    safe = np.where(solvable, A, F32(1.0))
+    spread = np.abs(step) * np.sqrt(np.maximum(b * b * c + a * a * e - step * step * e * c, 0))
+    best, distance = own.copy(), np.full(own.shape, np.inf, F32)
+    for root in ((spread - a * b) / safe, (-spread - a * b) / safe):
+        fits = solvable & ((np.sign(a + b * root) == np.sign(step)) | (step == 0))
+        closer = fits & (np.abs(root - own) < distance)
+        best = np.where(closer, root, best)
+        distance = np.where(closer, np.abs(root - own), distance)
+    return best.astype(F32)
+
+
+def adam_predict_step(W, W_prev, grad, state, own, *, num_workers, rescale_grad, lr, wd, t,
+                      previous_lr=None, beta1=0.9, beta2=0.999, epsilon=1e-8,
+                      clip_gradient=None):
+    """The worker's prediction for a global Adam at update count t: state = [m, v] before round
+    t - 1 and own = [the worker's own estimate of round t - 1's gradient], both advanced in
+    place. previous_lr: the rate of round t - 1 (multiplier included) where it was the
+    worker's previous step (None: not known, the state is not advanced)."""
+    m, v = state
+
+    def rate(lr_, count):
+        return F32(lr_ * np.sqrt(1. - beta2 ** count) / (1. - beta1 ** count))
+    if previous_lr is not None:
+        G = own[0]
+        if previous_lr > 0:
+            G = recover_adam_sum((W_prev - W) / rate(previous_lr, t - 1), m, v, own[0],
+                                 beta1, beta2)
+        m[:] = F32(beta1) * m + F32(1 - beta1) * G
+        v[:] = F32(beta2) * v + F32(1 - beta2) * G * G
+    g = (F32(rescale_grad * num_workers) * grad + F32(wd) * W).astype(F32)
+    if clip_gradient is not None and clip_gradient > 0:
+        g = np.clip(g, -F32(clip_gradient), F32(clip_gradient))
+    own[0] = g
+    m1 = F32(beta1) * m + F32(1 - beta1) * g
+    v1 = F32(beta2) * v + F32(1 - beta2) * g * g
+    return (W - rate(lr, t) * m1 / (np.sqrt(v1) + F32(epsilon))).astype(F32)

@@ -72,6 +72,7 @@ def simulate(workers, steps, lr, momentum=0.0, wd=0.0, rescale=1.0 / problem.BAT
     families = ref.ADAPTIVE_STEPS.get(optimizer, (None, ()))[1]
     state_global = [[np.zeros_like(a) for _ in families] for a in W]
     state_local = [[[np.zeros_like(a) for _ in families] for a in W] for _ in range(workers)]
+    own = [[[np.zeros_like(a)] for a in W] for _ in range(workers)]
     for t in range(steps):
         grads = [problem.gradients(local[i][0], local[i][1], *problem.batch(i, t))
                  for i in range(workers)]
@@ -100,6 +101,15 @@ def simulate(workers, steps, lr, momentum=0.0, wd=0.0, rescale=1.0 / problem.BAT
                     pass
                 elif t < warmup_steps:
                     local[i][k] = new_W[k].copy()
+                elif local_optimizer == "predict" and optimizer == "adam":
+                    # the state recovered from the global steps, where round t - 1 was this
+                    # worker's previous local step of the parameter (docs/predict.md)
+                    known = t >= 1 and t - 1 >= max(warmup_steps, trained_from[k])
+                    local[i][k] = ref.adam_predict_step(
+                        W[k], W_prev[k], grads[i][k], state_local[i][k], own[i][k],
+                        num_workers=workers, rescale_grad=rescale, lr=lr_at(t) * lr_mult[k],
+                        wd=wd * wd_mults[k], t=t + 1,
+                        previous_lr=lr_at(t - 1) * lr_mults_at(t - 1)[k] if known else None)
                 elif local_optimizer == "predict" and optimizer in ref.ADAPTIVE_STEPS:
                     local[i][k] = adaptive_step(optimizer, W[k], workers * grads[i][k],
                                                 state_local[i][k], rescale,

@@ -683,10 +683,12 @@ def adaptive_optimizer(family, clip, schedule, lr=0.02, wd=3e-3, rescale=0.25):
 @pytest.mark.parametrize("family", sorted(ADAPTIVE))
 @pytest.mark.parametrize("clip,schedule", [(None, False), (0.4, True)])
 def test_adaptive_predict(family, clip, schedule):
-    """'predict' with a global Adam, RMSProp or AdaGrad: per parameter (with its lr_mult and
-    wd_mult), step after step, the family's own step on W_t with N g, the state carried over,
-    the rate of the servers' round (schedule at begin_num_update + t + 1), Adam's bias
-    correction at the servers' count: held to the NumPy reference."""
+    """'predict' with a global Adam, RMSProp or AdaGrad, per parameter (with its lr_mult and
+    wd_mult), step after step along the servers' own trajectory (W_{t+1} their step on a sum of
+    gradients), at the rate of the servers' round (schedule at begin_num_update + t + 1):
+    RMSProp and AdaGrad their step on W_t with N g, the state the worker's own estimate; Adam
+    with the state recovered from the global steps (bias correction at the servers' count).
+    Held to the NumPy reference."""
     from odsgd.worker.key_groups import KeyGroup
     optimizer = adaptive_optimizer(family, clip, schedule)
     updater = LocalUpdater(ODSGDConfig(environ=OWN), optimizer, 3)
@@ -696,24 +698,72 @@ def test_adaptive_predict(family, clip, schedule):
     group = KeyGroup(7, ["a", "b"], [0, 1], weights)
     _, names = ref.ADAPTIVE_STEPS[family]
     states = [[np.zeros(s, np.float32) for _ in names] for s in shapes]
-    for step in range(4):
-        W = [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes]
+    servers = [[np.zeros(s, np.float32) for _ in names] for s in shapes]
+    own = [[np.zeros(s, np.float32)] for s in shapes]
+    W = [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes]
+    W_prev = [w.copy() for w in W]
+
+    def rates(step, i):
+        lr = 0.02 * (0.5 ** ((4 + step) // 2) if schedule else 1.0)
+        r = dict(ADAPTIVE[family], lr=lr * multipliers[i][0], wd=3e-3 * multipliers[i][1],
+                 clip_gradient=clip)
+        if family == "adam":
+            r["t"] = 4 + step + 1
+        if family == "adagrad":
+            r["epsilon"] = 1e-6
+        return r
+    for step in range(5):
         g = [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes]
         for view, value in zip(group.views(group.current), W):
             view[:] = value
+        for view, value in zip(group.views(group.previous), W_prev):
+            view[:] = value
         updater.update_group(group, step, weights, [mx.nd.array(a) for a in g], multipliers)
-        lr = 0.02 * (0.5 ** ((4 + step) // 2) if schedule else 1.0)
-        for i, (lr_mult, wd_mult) in enumerate(multipliers):
-            rates = dict(ADAPTIVE[family], lr=lr * lr_mult, wd=3e-3 * wd_mult,
-                         clip_gradient=clip)
+        for i in range(len(shapes)):
             if family == "adam":
-                rates["t"] = 4 + step + 1
-            if family == "adagrad":
-                rates["epsilon"] = 1e-6
-            expected = ref.adaptive_predict_step(family, W[i], g[i], states[i], num_workers=3,
-                                                 rescale_grad=0.25, **rates)
+                expected = ref.adam_predict_step(
+                    W[i], W_prev[i], g[i], states[i], own[i], num_workers=3, rescale_grad=0.25,
+                    previous_lr=rates(step - 1, i)["lr"] if step else None, **rates(step, i))
+            else:
+                expected = ref.adaptive_predict_step(family, W[i], g[i], states[i],
+                                                     num_workers=3, rescale_grad=0.25,
+                                                     **rates(step, i))
             np.testing.assert_allclose(weights[i].asnumpy(), expected, rtol=RTOL, atol=ATOL,
                                        err_msg="%s step %d parameter %d" % (family, step, i))
+        # the servers' round: the sum of three workers' gradients, of which this one's is one
+        G = [3 * a + rng.uniform(-0.5, 0.5, a.shape).astype(np.float32) for a in g]
+        W_prev, W = W, [ref.ADAPTIVE_STEPS[family][0](W[i], G[i], servers[i], rescale_grad=0.25,
+                                                      **rates(step, i))
+                        for i in range(len(shapes))]
+
+
+def test_adam_state_is_the_servers_with_one_worker():
+    """With one worker the sum is its own gradient: the recovered state is the servers' state
+    and each prediction is the servers' next weights (to float32 rounding)."""
+    from odsgd.worker.key_groups import KeyGroup
+    optimizer = adaptive_optimizer("adam", None, False)
+    updater = LocalUpdater(ODSGDConfig(environ=OWN), optimizer, 1)
+    rng = np.random.RandomState(11)
+    W = rng.uniform(-1, 1, (20,)).astype(np.float32)
+    weights = [mx.nd.zeros((20,))]
+    group = KeyGroup(3, [0], [0], weights)
+    server = [np.zeros(20, np.float32), np.zeros(20, np.float32)]
+    W_prev = W.copy()
+    for step in range(8):
+        g = rng.uniform(-1, 1, (20,)).astype(np.float32) * (1 + step)
+        group.views(group.current)[0][:] = W
+        group.views(group.previous)[0][:] = W_prev
+        updater.update_group(group, step, weights, [mx.nd.array(g)], [(1.0, 1.0)])
+        before = [a.copy() for a in server]
+        W_prev, W = W, ref.global_adam_step(W, g, server, t=4 + step + 1, rescale_grad=0.25,
+                                            lr=0.02, wd=3e-3, **ADAPTIVE["adam"])
+        # the recovery divides float32 weight differences (rounding ~6e-8) by the rate (0.02)
+        # and the state carries what it recovers: 5e-5 is a quarter of a percent of a step
+        np.testing.assert_allclose(weights[0].asnumpy(), W, rtol=1e-4, atol=5e-5)
+    # and the state it keeps is the servers' before their last round (rounding grows in it
+    # as in the weights)
+    for kept, servers in zip((group.mom, group.var), before):
+        np.testing.assert_allclose(kept.asnumpy(), servers, rtol=1e-2, atol=1e-6)
 
 
 @pytest.mark.parametrize("family", sorted(ADAPTIVE))

@@ -647,34 +647,108 @@ class PredictOptimizerRule(PredictRule):
             self.updater.set_states(saved)
 
 
+def recover_adam_sum(F, step, m, v, own, beta1, beta2):
+    """Adam's effective gradient of a round (rescaled, weight decay added, clipped: what its
+    m and v took in) from the round's step s = (W_before - W_after) / lr_c, where lr_c is the
+    round's rate with the bias correction, and the state (m, v) before the round; elementwise,
+    with `F` mx.nd (or numpy). With epsilon neglected,
+        (beta1 m + (1 - beta1) G) / sqrt(beta2 v + (1 - beta2) G^2) = s
+    is a quadratic in G, A G^2 + 2 a b G + (a^2 - s^2 c) = 0 with a = beta1 m, b = 1 - beta1,
+    c = beta2 v, A = b^2 - (1 - beta2) s^2. Of its roots that give the step's sign, the one
+    nearest `own` (the worker's own estimate of that round). Where A is near 0 the step is
+    Adam's largest, which every G of its sign gives (any first step): `own` stays there, and
+    where no root fits (rounding)."""
+    b, e = 1.0 - beta1, 1.0 - beta2
+    a, c = beta1 * m, beta2 * v
+    s2 = step * step
+    A = b * b - e * s2
+    solvable = F.abs(A) > 1e-3 * b * b
+    safe = F.where(solvable, A, F.ones_like(A))
+    spread = F.abs(step) * F.sqrt(F.maximum(b * b * c + a * a * e - s2 * e * c, 0.0))
+    best, distance = own.copy(), F.ones_like(own) * 3e38
+    for root in ((spread - a * b) / safe, (-spread - a * b) / safe):
+        fits = solvable * ((F.sign(a + b * root) == F.sign(step)) + (step == 0) > 0)
+        closer = fits * (F.abs(root - own) < distance)
+        best = F.where(closer, root, best)
+        distance = F.where(closer, F.abs(root - own), distance)
+    return best
+
+
 class PredictAdamRule(PredictOptimizerRule):
-    """'predict' for a global Adam (exactly mx.optimizer.Adam, float32 weights): the same step
-    as PredictOptimizerRule, made by MXNet's own fused `adam_update` operator (the servers'
-    operator, CPU and CUDA) once per parameter, reading W_t from the group's flat `current`
-    and writing w_{t+1} straight into the parameter, its m and v kept in the group's flat
-    `mom` and `var` (saved with the worker's states): one pass over memory and no Python
-    optimizer per array. Another dtype goes through PredictOptimizerRule's path."""
+    """'predict' for a global Adam (exactly mx.optimizer.Adam, float32 weights; another dtype
+    goes through PredictOptimizerRule's path), with the worker's estimate of the servers'
+    Adam state recovered from the global steps it observes (docs/predict.md, "Adam"): per
+    parameter, group.mom and group.var hold m and v before the round being predicted, and
+    the rule keeps its own estimate of the last round's effective gradient (`own`, flat per
+    group) to pick the root of the recovery. Each step: recover round t-1's gradient from
+    W_t - W_{t-1} (where that round was this worker's previous local step and its rate was not
+    0; with rate 0 the own estimate stands in), advance m and v by it, then predict with
+    G_hat = N g on temporaries."""
 
     def __init__(self, config, global_optimizer, num_workers):
         super(PredictAdamRule, self).__init__(config, global_optimizer, num_workers)
         self.buffers = ("mom", "var")
+        self._own = {}             # group key tuple -> views of its flat own estimate
+        self._own_saved = {}       # parameter key -> NumPy own estimate (from set_extra_states)
+
+    def own_views(self, group):
+        """Per parameter of the group, its own estimate of the last round (a view of a flat
+        buffer made at the group's first step, filled from loaded states where present)."""
+        views = self._own.get(tuple(group.keys))
+        if views is None:
+            flat = mx.nd.zeros((group.total,), group.context, dtype=group.dtype)
+            views = self._own[tuple(group.keys)] = group.views(flat)
+            for key, view in zip(group.keys, views):
+                if key in self._own_saved:
+                    view[:] = self._own_saved.pop(key)
+        return views
 
     def update_group(self, group, step, weights, grads, multipliers):
         if group.dtype != np.float32:
             super(PredictAdamRule, self).update_group(group, step, weights, grads, multipliers)
             return
         opt = self.global_optimizer
+        b1, b2 = opt.beta1, opt.beta2
         lrs, wds, _ = self.rates(step, multipliers)
-        count = schedule_count(opt, step)
-        correction = math.sqrt(1. - opt.beta2 ** count) / (1. - opt.beta1 ** count)
-        shared = dict(beta1=opt.beta1, beta2=opt.beta2, epsilon=opt.epsilon,
-                      rescale_grad=opt.rescale_grad * self.num_workers)
-        if opt.clip_gradient:
-            shared["clip_gradient"] = opt.clip_gradient
-        for W, m, v, weight, grad, lr, wd in zip(
-                group.views(group.current), group.views(group.mom), group.views(group.var),
-                weights, grads, lrs, wds):
-            mx.nd.adam_update(W, grad, m, v, out=weight, lr=lr * correction, wd=wd, **shared)
+        previous = self.previous_rates(group, step)
+
+        def corrected(lr, at_step):
+            count = schedule_count(opt, at_step)
+            return lr * math.sqrt(1. - b2 ** count) / (1. - b1 ** count)
+        scale = opt.rescale_grad * self.num_workers
+        for key, W, W_prev, m, v, own, weight, grad, lr, wd, known in zip(
+                group.keys, group.views(group.current), group.views(group.previous),
+                group.views(group.mom), group.views(group.var), self.own_views(group),
+                weights, grads, lrs, wds, previous):
+            if known is not None:        # round t-1 was this worker's previous local step
+                G = own
+                if known[0] > 0:
+                    G = recover_adam_sum(mx.nd, (W_prev - W) / corrected(known[0], step - 1),
+                                         m, v, own, b1, b2)
+                m[:] = b1 * m + (1. - b1) * G
+                v[:] = b2 * v + (1. - b2) * G * G
+            g = grad * scale + wd * W if wd else grad * scale
+            if opt.clip_gradient:
+                g = mx.nd.clip(g, -opt.clip_gradient, opt.clip_gradient)
+            own[:] = g
+            weight[:] = W - corrected(lr, step) * (b1 * m + (1. - b1) * g) / (
+                mx.nd.sqrt(b2 * v + (1. - b2) * g * g) + opt.epsilon)
+            self._last_rates[key] = (step, lr, wd)
+
+    def get_extra_states(self):
+        own = {key: view.asnumpy() for keys, views in self._own.items()
+               for key, view in zip(keys, views)}
+        return {"last_rates": dict(self._last_rates), "own": {**self._own_saved, **own},
+                "updater": super(PredictAdamRule, self).get_extra_states()}
+
+    def set_extra_states(self, saved):
+        if not isinstance(saved, dict) or "own" not in saved:   # another rule's states
+            return
+        self._last_rates = dict(saved["last_rates"])
+        self._own_saved = dict(saved["own"])
+        self._own = {}
+        if saved.get("updater") is not None:
+            super(PredictAdamRule, self).set_extra_states(saved["updater"])
 
 
 class MXOptimizerRule(_OwnRatesRule):
