@@ -77,3 +77,20 @@ def test_an_unsigned_pickled_command_is_refused_and_the_signed_one_runs(tmp_path
     for rank in (0, 1):
         result = json.loads((out / ("rank%d.json" % rank)).read_text())
         assert result["pulled"] == [-2.0] * 4, result
+
+
+def test_the_key_folders_of_launchers_that_no_longer_run_are_removed(tmp_path):
+    """A launcher killed by SIGKILL leaves its key folder; the next one removes it, and
+    keeps the folder of a launcher that still runs (here: this process)."""
+    import subprocess
+    from odsgd.cluster import job_keys
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / ("odsgd-job-%d-abc123" % gone.pid)
+    alive = tmp_path / ("odsgd-job-%d-def456" % os.getpid())
+    other = tmp_path / "odsgd-job-notapid"
+    for folder in (dead, alive, other):
+        folder.mkdir()
+        _key_file(folder)
+    job_keys.remove_orphans(str(tmp_path))
+    assert not dead.exists() and alive.exists() and other.exists()

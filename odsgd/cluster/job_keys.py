@@ -5,7 +5,8 @@ without putting it on a command line or in a log.
   else a new random one, written to a file in a folder of its own that only this user can
   read, whose path the launcher puts in ODSGD_JOB_KEY_FILE (`job_key_file`). The attempts of
   `--max-restarts` are child launchers that inherit the variable: one key per job. The
-  folder is removed when the launcher ends.
+  folder is removed when the launcher ends; one whose launcher was killed by SIGKILL, by the
+  next launcher of the same user on that machine (`remove_orphans`).
 * `--launcher local`: the processes inherit the variable and read the file.
 * `--launcher ssh`: before the first process on a host starts, the key goes to that host
   through ssh's standard input into a new file (mode 0600, in a `mktemp -d` folder) whose
@@ -51,11 +52,29 @@ def job_key_file(launcher):
                     "names a key file present on every host", launcher,
                     job_key.KEY_FILE_VARIABLE)
         return None
-    folder = tempfile.mkdtemp(prefix="odsgd-job-")
+    remove_orphans()
+    folder = tempfile.mkdtemp(prefix="odsgd-job-%d-" % os.getpid())
     path = os.path.join(folder, "key")
     job_key.write_key_file(path, job_key.new_key())
     os.environ[job_key.KEY_FILE_VARIABLE] = path
     return folder
+
+
+def remove_orphans(directory=None):
+    """Removes the key folders (`odsgd-job-<pid>-...`) of this user's launchers that no longer
+    run: a launcher killed by SIGKILL cannot remove its own."""
+    directory = directory or tempfile.gettempdir()
+    for name in os.listdir(directory):
+        match = re.fullmatch(r"odsgd-job-(\d+)-\w+", name)
+        path = os.path.join(directory, name)
+        if match is None or os.stat(path).st_uid != os.geteuid():
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:
+            pass   # a process of another user has that pid now: its maker may still run
 
 
 def remove_folder(folder):
