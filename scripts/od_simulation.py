@@ -55,12 +55,15 @@ def recover_adam_sum(step, m, v, own, beta1, beta2):
     a, c = beta1 * m, beta2 * v
     A = b * b - e * step * step
     Q = np.maximum(b * b * c + a * a * e - step * step * e * c, 0.0)
-    safe = np.where(np.abs(A) > 1e-12, A, 1.0)
+    # |A| near 0: the step is Adam's largest (every first step, |s| = (1 - beta1) /
+    # sqrt(1 - beta2)), which any G of the step's sign gives: not recoverable, `own` stays
+    solvable = np.abs(A) > 1e-3 * b * b
+    safe = np.where(solvable, A, 1.0)
     roots = [(-a * b + sign * np.abs(step) * np.sqrt(Q)) / safe for sign in (1.0, -1.0)]
     best = own.copy()
     distance = np.full(own.shape, np.inf)
     for root in roots:
-        valid = (np.abs(A) > 1e-12) & ((np.sign(a + b * root) == np.sign(step)) | (step == 0))
+        valid = solvable & ((np.sign(a + b * root) == np.sign(step)) | (step == 0))
         closer = valid & (np.abs(root - own) < distance)
         best = np.where(closer, root, best)
         distance = np.where(closer, np.abs(root - own), distance)
