@@ -682,13 +682,13 @@ def adaptive_optimizer(family, clip, schedule, lr=0.02, wd=3e-3, rescale=0.25):
 
 @pytest.mark.parametrize("family", sorted(ADAPTIVE))
 @pytest.mark.parametrize("clip,schedule", [(None, False), (0.4, True)])
-def test_adaptive_predict(family, clip, schedule):
+def test_adaptive_predict(path, family, clip, schedule):
     """'predict' with a global Adam, RMSProp or AdaGrad, per parameter (with its lr_mult and
     wd_mult), step after step along the servers' own trajectory (W_{t+1} their step on a sum of
     gradients), at the rate of the servers' round (schedule at begin_num_update + t + 1):
     RMSProp and AdaGrad their step on W_t with N g, the state the worker's own estimate; Adam
     with the state recovered from the global steps (bias correction at the servers' count).
-    Held to the NumPy reference."""
+    Held to the NumPy reference, through Adam's one-pass operator and its NDArray fallback."""
     from odsgd.worker.key_groups import KeyGroup
     optimizer = adaptive_optimizer(family, clip, schedule)
     updater = LocalUpdater(ODSGDConfig(environ=OWN), optimizer, 3)
@@ -737,7 +737,7 @@ def test_adaptive_predict(family, clip, schedule):
                         for i in range(len(shapes))]
 
 
-def test_adam_state_is_the_servers_with_one_worker():
+def test_adam_state_is_the_servers_with_one_worker(path):
     """With one worker the sum is its own gradient: the recovered state is the servers' state
     and each prediction is the servers' next weights (to float32 rounding)."""
     from odsgd.worker.key_groups import KeyGroup

@@ -15,6 +15,7 @@ docstrings in ops.py):
     multi_update_(kind, ...)           P arrays in one operator call (per-array lr and wd)
     local_update_, predict_update_     one array: multi_update_ with P = 1
     gather_, scatter_                  arrays <-> one flat buffer, one operator call
+    adam_predict_                      'predict' for a global Adam on one array (CPU)
     accepts(arrays)                    whether the operators take these arrays
 
 `load()` runs at ``import odsgd`` on worker processes. Without the library it logs one
@@ -39,5 +40,5 @@ from .build import NativeBuildError, build, check_cuda  # noqa: F401
 from .cli import main  # noqa: F401
 from .library import library_path, release  # noqa: F401
 from .loader import build_info, is_loaded, load, loaded_path, supports  # noqa: F401
-from .ops import (accepts, gather_, local_update_, multi_update_, predict_update_,  # noqa: F401
-                  scatter_)
+from .ops import (accepts, adam_predict_, gather_, local_update_, multi_update_,  # noqa: F401
+                  predict_update_, scatter_)

@@ -170,7 +170,11 @@ def _cxx_flags(cxx):
     flags = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-Wall",
              # errno is never read; without this GCC guards every sqrtf with a branch for
              # errno and the adaptive loops do not vectorise. Results are unchanged.
-             "-fno-math-errno"]
+             "-fno-math-errno",
+             # no floating-point trap is enabled in MXNet: GCC may then evaluate a division
+             # on lanes whose result a select drops (Adam's recovery, adam_predict_op.cc),
+             # so that loop vectorises. Results are unchanged.
+             "-fno-trapping-math"]
     # x86-64-v2 (SSE4.2) runs on every x86 server of the last decade; no FMA, so results
     # round exactly as the formula reads. Other CPUs get the compiler's default target.
     if platform.machine().lower() in ("x86_64", "amd64") and _compiler_accepts(

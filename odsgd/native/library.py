@@ -19,7 +19,8 @@ GPU_CHECK_DRIVER = "gpu_check_driver.cu"
 REBUILD_HINT = "rebuild it with `make native` or `python -m odsgd.native build`"
 #: every operator the library registers; load() checks that all of them appeared
 OP_NAMES = ("odsgd_multi_local_update", "odsgd_multi_predict_update",
-            "odsgd_multi_nag_predict_update", "odsgd_gather", "odsgd_scatter")
+            "odsgd_multi_nag_predict_update", "odsgd_gather", "odsgd_scatter",
+            "odsgd_adam_predict")
 
 
 def library_path():

@@ -572,3 +572,21 @@ def scatter_(flat, arrays):
     _invoke("odsgd_scatter", [flat.handle] + [a.handle for a in arrays], arrays,
             (("num_arrays", str(len(arrays))),))
     return arrays
+
+
+def adam_predict_(W, W_prev, grad, m, v, own, weight, *, advance, rate_prev, rate, wd, scale,
+                  clip_gradient, beta1, beta2, epsilon):
+    """'predict' for a global Adam on one parameter in one pass (docs/predict.md, "Adam: the
+    state recovered from the global steps"; the NumPy reference is
+    tests/od_reference.py::adam_predict_step): advance m and v (before the round) by nothing
+    (advance=0), by `own` (1) or by the gradient recovered from W_prev - W at rate_prev (2),
+    then own = clip(scale * grad + wd * W) and weight = W - rate * m1 / (sqrt(v1) + epsilon).
+    CPU, float32; every array holds the parameter's elements (any shapes and layouts).
+    `weight` is an output only: no layout check, no wait (as `_update`). Returns `weight`."""
+    items = (("advance", str(int(advance))), ("rate_prev", _number(rate_prev)),
+             ("rate", _number(rate)), ("wd", _number(wd)), ("scale", _number(scale)),
+             ("clip_gradient", _number(clip_gradient or -1.0)), ("beta1", _number(beta1)),
+             ("beta2", _number(beta2)), ("epsilon", _number(epsilon)))
+    _invoke("odsgd_adam_predict", [a.handle for a in (W, W_prev, grad, m, v, own)], (weight,),
+            items)
+    return weight

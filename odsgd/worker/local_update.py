@@ -716,10 +716,25 @@ class PredictAdamRule(PredictOptimizerRule):
             count = schedule_count(opt, at_step)
             return lr * math.sqrt(1. - b2 ** count) / (1. - b1 ** count)
         scale = opt.rescale_grad * self.num_workers
+        # the one-pass operator where the library takes the arrays (CPU: it has no CUDA kernel)
+        fused = group.context.device_type == "cpu" and fused_ops_take(
+            group, list(weights) + list(grads) + [group.current, group.previous, group.mom,
+                                                  group.var])
+        if not fused:
+            self._log_fallback(weights[0])
         for key, W, W_prev, m, v, own, weight, grad, lr, wd, known in zip(
                 group.keys, group.views(group.current), group.views(group.previous),
                 group.views(group.mom), group.views(group.var), self.own_views(group),
                 weights, grads, lrs, wds, previous):
+            self._last_rates[key] = (step, lr, wd)
+            if fused:
+                advance = 0 if known is None else 2 if known[0] > 0 else 1
+                native.adam_predict_(
+                    W, W_prev, grad, m, v, own, weight, advance=advance,
+                    rate_prev=corrected(known[0], step - 1) if advance == 2 else 0.0,
+                    rate=corrected(lr, step), wd=wd, scale=scale,
+                    clip_gradient=opt.clip_gradient, beta1=b1, beta2=b2, epsilon=opt.epsilon)
+                continue
             if known is not None:        # round t-1 was this worker's previous local step
                 G = own
                 if known[0] > 0:
@@ -733,7 +748,6 @@ class PredictAdamRule(PredictOptimizerRule):
             own[:] = g
             weight[:] = W - corrected(lr, step) * (b1 * m + (1. - b1) * g) / (
                 mx.nd.sqrt(b2 * v + (1. - b2) * g * g) + opt.epsilon)
-            self._last_rates[key] = (step, lr, wd)
 
     def get_extra_states(self):
         own = {key: view.asnumpy() for keys, views in self._own.items()
