@@ -62,12 +62,6 @@
 #include "local_update_kernels.h"
 #include "op_common.h"
 
-using mxnet::ext::MXReturnValue;
-using mxnet::ext::MXTensor;
-using mxnet::ext::MX_FAIL;
-using mxnet::ext::MX_SUCCESS;
-using mxnet::ext::OpResource;
-
 namespace odsgd {
 namespace {
 

@@ -22,6 +22,13 @@
 
 #include "lib_api.h"
 
+// lib_api's names every operator file of the library uses
+using mxnet::ext::MXReturnValue;
+using mxnet::ext::MXTensor;
+using mxnet::ext::MX_FAIL;
+using mxnet::ext::MX_SUCCESS;
+using mxnet::ext::OpResource;
+
 namespace odsgd {
 
 using Attrs = std::unordered_map<std::string, std::string>;
