@@ -577,8 +577,8 @@ def worker_copy(optimizer, cls=None):
 
 def predictable(optimizer):
     """Whether 'predict' can apply `optimizer`'s own update on a worker: it has an `update` of
-    its own (a user's class may define none) and it is deterministic (SGLD is predicted by
-    its mean, NoiselessSGLD)."""
+    its own (a user's class may define none). SGLD, whose update is random, is handled before
+    this is asked (NoiselessSGLD)."""
     return type(optimizer).update is not mx.optimizer.Optimizer.update
 
 
@@ -604,7 +604,6 @@ class PredictOptimizerRule(PredictRule):
             raise ValueError("the delay compensation (compensation=%g) is defined for the "
                              "global optimizers sgd and nag; with global optimizer %s set "
                              "compensation=0 (ODSGD_COMPENSATION=0)" % (self.lam, name))
-        self.buffers = ()
         self.optimizer = None
         if isinstance(global_optimizer, mx.optimizer.SGLD):
             self.optimizer = worker_copy(global_optimizer, NoiselessSGLD)
