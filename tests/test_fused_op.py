@@ -362,6 +362,40 @@ def _run_child(script, **env):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+_NEW_FUNCTIONS = """
+    import json, sys
+    import mxnet as mx
+    places = {"nd": mx.nd, "nd.op": mx.nd.op, "sym": mx.sym, "sym.op": mx.sym.op}
+    before = {place: set(dir(module)) for place, module in places.items()}
+    %s
+    x = mx.nd.array([[1.0, 2.0], [3.0, 4.0]])
+    parts = mx.nd.zeros((5,))
+    mx.nd.odsgd_gather(x, mx.nd.array([5.0]), num_arrays=2, out=parts)
+    print(json.dumps({
+        "added": {place: sorted(set(dir(module)) - before[place])
+                  for place, module in places.items()},
+        "signature": {name: getattr(mx.nd, name).__doc__.split("Parameters")[1]
+                      for name in sorted(set(dir(mx.nd)) - before["nd"])},
+        "gathered": parts.asnumpy().tolist()}))
+    """
+
+
+def test_loading_registers_what_mxnets_own_library_load_registers(native):
+    """load() registers the library's operators itself (MXNet's mx.library.load regenerates
+    the function of every operator, a second per process): the same names in mx.nd, mx.nd.op,
+    mx.sym and mx.sym.op, with the same parameters, and they run, as after mx.library.load."""
+    lib = native.loaded_path()
+    ours = _run_child(_NEW_FUNCTIONS % "import odsgd.native as native; native.load()",
+                      ODSGD_NATIVE_LIB=lib)
+    mxnets = _run_child(_NEW_FUNCTIONS % ("mx.library.load(%r, verbose=False)" % lib),
+                        ODSGD_NATIVE_LIB=lib)
+    from odsgd.native.library import OP_NAMES
+    for place in ("nd", "nd.op", "sym", "sym.op"):
+        assert set(OP_NAMES) <= set(mxnets["added"][place]), (place, mxnets["added"][place])
+    assert ours == mxnets
+    assert ours["gathered"] == [1.0, 2.0, 3.0, 4.0, 5.0]
+
+
 def test_missing_library_logs_one_warning_and_falls_back(native, tmp_path):
     """Without the library, `import odsgd` (which calls load()) and further load() calls give
     False and exactly one warning naming the fallback and the build command."""

@@ -6,10 +6,11 @@
 
 The library is an MXNet extension library (MXNet's ``include/mxnet/lib_api.h``), compiled
 against the headers and ``src/lib_api.cc`` of the MXNet wheel installed in the same
-environment and loaded with ``mx.library.load``. Its operators are one family: the OD-phase
-local steps of docs/spec.md, section 4 ('sgd', 'predict', and 'predict' for NAG) on a group of
-arrays in one call, each one pass over memory that updates the weights and their states in
-place, and the gather / scatter of arrays to and from one flat buffer. Python faces (full
+environment and loaded through MXNet's ``MXLoadLib`` (loader.py). Its operators are one
+family: the OD-phase local steps of docs/spec.md, section 4 ('sgd', 'predict', and 'predict'
+for NAG, Adam's recovered 'predict') on a group of arrays in one call, each one pass over
+memory that updates the weights and their states in place, and the gather / scatter of arrays
+to and from one flat buffer. Python faces (full
 docstrings in ops.py):
 
     multi_update_(kind, ...)           P arrays in one operator call (per-array lr and wd)

@@ -82,7 +82,6 @@ def load(path=None):
         info = read_build_info(lib_path)
 
         import mxnet as mx
-        from mxnet import library as mx_library
 
         built, running = release(info["mxnet_version"]), release(mx.__version__)
         if built != running:
@@ -90,7 +89,7 @@ def load(path=None):
                               % (lib_path, format_release(built), format_release(running),
                                  REBUILD_HINT))
         try:
-            mx_library.load(lib_path, verbose=False)
+            _load_library(lib_path)
         except mx.base.MXNetError as err:
             raise ImportError("odsgd: MXNet could not load %s (%s); %s"
                               % (lib_path, mxnet_error_reason(err), REBUILD_HINT)) from err
@@ -105,6 +104,40 @@ def load(path=None):
                       "against a CPU MXNet); GPU arrays use the NDArray fallback. With nvcc on "
                       "PATH, %s.", lib_path, REBUILD_HINT)
         return True
+
+
+def _operator_names(mx):
+    import ctypes
+    size, names = ctypes.c_uint(), ctypes.POINTER(ctypes.c_char_p)()
+    mx.base.check_call(mx.base._LIB.MXListAllOpNames(ctypes.byref(size), ctypes.byref(names)))
+    return {mx.base.py_str(names[i]) for i in range(size.value)}
+
+
+def _load_library(lib_path):
+    """mx.library.load without its cost: MXNet's own call regenerates the Python function of
+    every operator it has (about 950, a second of CPU in every worker process, at the moment
+    the job's other processes start too); this registers only the operators the library
+    added, as mx.nd.<name> and mx.sym.<name> (where mx.library.load puts them)."""
+    import ctypes
+    import mxnet as mx
+    from mxnet.ndarray.register import _make_ndarray_function
+    from mxnet.symbol.register import _make_symbol_function
+
+    before = _operator_names(mx)
+    mx.base.check_call(mx.base._LIB.MXLoadLib(ctypes.c_char_p(lib_path.encode("utf-8")),
+                                              mx.base.mx_uint(0)))
+    for name in sorted(_operator_names(mx) - before):
+        handle = mx.base.OpHandle()
+        mx.base.check_call(mx.base._LIB.NNGetOpHandle(mx.base.c_str(name),
+                                                      ctypes.byref(handle)))
+        for package, make in (("ndarray", _make_ndarray_function),
+                              ("symbol", _make_symbol_function)):
+            function = make(handle, name, name)
+            function.__module__ = "mxnet.%s" % package
+            for module in (sys.modules["mxnet.%s.op" % package],
+                           sys.modules["mxnet.%s" % package]):
+                setattr(module, name, function)
+            sys.modules["mxnet.%s.op" % package].__all__.append(name)
 
 
 def is_loaded():
