@@ -882,3 +882,56 @@ def test_adaptive_predict_state_survives_a_checkpoint(family):
     second, weights2, group2 = setup()
     second.set_states(saved, [group2])
     np.testing.assert_array_equal(step(second, weights2, group2, 2), expected)
+
+
+@pytest.mark.parametrize("name", ["lars", "rmsprop", "lbsgd", "signum"])
+def test_float16_weights_are_predicted_from_the_float32_master_copy(name):
+    """float16 weights with multi_precision: the prediction is the float32 one (the master
+    copy set to W_t each step, wherever the class keeps it: MXNet's SGD, NAG and LARS after
+    their state, the others before it), rounded to float16; the states carry on in float32."""
+    from odsgd.worker.key_groups import KeyGroup
+    rng = np.random.RandomState(seed_of(name, "float16"))
+    shape = (6, 5)
+    globals_ = [rng.uniform(-1, 1, shape).astype(np.float16) for _ in range(4)]
+    grads = [rng.uniform(-1, 1, shape).astype(np.float16) for _ in range(3)]
+    results = {}
+    for dtype in (np.float32, np.float16):
+        momentum = {} if name == "rmsprop" else {"momentum": 0.9}
+        optimizer = mx.optimizer.create(name, learning_rate=0.05, rescale_grad=0.5, wd=1e-2,
+                                        multi_precision=dtype == np.float16, **momentum)
+        updater = LocalUpdater(ODSGDConfig(environ=OWN), optimizer, 2)
+        weights = [mx.nd.zeros(shape, dtype=dtype)]
+        group = KeyGroup(3, [0], [0], weights)
+        results[dtype] = []
+        for step, grad in enumerate(grads):
+            group.views(group.previous)[0][:] = globals_[step].astype(dtype)
+            group.views(group.current)[0][:] = globals_[step + 1].astype(dtype)
+            updater.update_group(group, step, weights, [mx.nd.array(grad, dtype=dtype)],
+                                 [(1.0, 1.0)])
+            results[dtype].append(weights[0].asnumpy())
+    for step, (single, half) in enumerate(zip(results[np.float32], results[np.float16])):
+        assert half.dtype == np.float16
+        np.testing.assert_allclose(half.astype(np.float32), single.astype(np.float16),
+                                   rtol=2e-3, atol=2e-3, err_msg="%s step %d" % (name, step))
+
+
+def test_a_local_optimizer_on_float16_weights_starts_from_the_global_weights():
+    """local_optimizer='adam' with multi_precision on float16 weights steps from W_t each step
+    (its float32 master copy set to W_t, not left at its own last result), as in float32."""
+    rng = np.random.RandomState(41)
+    shape = (6, 4)
+    steps = [[rng.uniform(-1, 1, shape).astype(np.float16) for _ in range(3)]
+             for _ in range(3)]                        # (W_prev, W, grad) per step
+    results = {}
+    for dtype in (np.float32, np.float16):
+        params = {"learning_rate": 0.01, "multi_precision": dtype == np.float16}
+        updater, _ = make_updater(local_optimizer="adam", local_optimizer_params=params)
+        weight = mx.nd.zeros(shape, dtype=dtype)
+        results[dtype] = []
+        for step, (W_prev, W, grad) in enumerate(steps):
+            updater.update(1, step, weight, mx.nd.array(grad, dtype=dtype),
+                           mx.nd.array(W, dtype=dtype), mx.nd.array(W_prev, dtype=dtype))
+            results[dtype].append(weight.asnumpy())
+    for step, (single, half) in enumerate(zip(results[np.float32], results[np.float16])):
+        np.testing.assert_allclose(half.astype(np.float32), single.astype(np.float16),
+                                   rtol=2e-3, atol=2e-3, err_msg="step %d" % step)

@@ -582,6 +582,24 @@ def predictable(optimizer):
     return type(optimizer).update is not mx.optimizer.Optimizer.update
 
 
+def master_copy_index(optimizer):
+    """Where a float16 weight's float32 master copy sits in the state tuple of `optimizer`'s
+    multi_precision: first with the base class's create_state_multi_precision, last in the
+    classes that make their own (MXNet's SGD, ccSGD, NAG and LARS: (state, master copy))."""
+    own = type(optimizer).create_state_multi_precision
+    return 0 if own is mx.optimizer.Optimizer.create_state_multi_precision else -1
+
+
+def start_from(updater, key, current, weight):
+    """Sets `weight` to W_t (`current`) before an mx.optimizer Updater steps it: and, for a
+    float16 weight under multi_precision, its float32 master copy, which the step reads."""
+    current.copyto(weight)
+    state = updater.states.get(key)
+    if isinstance(state, tuple) and updater.optimizer.multi_precision and \
+            weight.dtype == np.float16:
+        current.astype(np.float32).copyto(state[master_copy_index(updater.optimizer)])
+
+
 class PredictOptimizerRule(PredictRule):
     """'predict' for any global optimizer other than SGD and NAG (Adam, RMSProp, AdaGrad,
     LAMB, ...; docs/predict.md, "Any other global optimizer"): the global optimizer's own
@@ -631,11 +649,7 @@ class PredictOptimizerRule(PredictRule):
         for key, lr, wd, current, weight in zip(group.keys, lrs, wds, W, weights):
             opt.lr_mult[key], opt.wd_mult[key] = lr, wd
             opt._index_update_count[key] = count
-            current.copyto(weight)
-            state = self.updater.states.get(key)
-            if isinstance(state, tuple) and opt.multi_precision and \
-                    weight.dtype == np.float16:
-                current.astype(np.float32).copyto(state[0])   # the float32 master copy
+            start_from(self.updater, key, current, weight)
         self.updater(list(group.keys), list(grads), list(weights))
 
     def get_extra_states(self):
@@ -813,7 +827,7 @@ class MXOptimizerRule(_OwnRatesRule):
         for key, W, weight, grad, (lr_mult, wd_mult) in zip(
                 group.keys, group.views(group.current), weights, grads, multipliers):
             optimizer.lr, optimizer.wd = lr * lr_mult, wd * wd_mult
-            W.copyto(weight)
+            start_from(self.updater, key, W, weight)
             self.updater(key, grad, weight)
 
     def get_extra_states(self):
