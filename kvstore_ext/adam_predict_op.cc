@@ -94,13 +94,14 @@ inline float Recover(const AdamPredictParams& p, float s, float m, float v, floa
 }
 
 template <int kAdvance>
-void AdamPredictCPU(const AdamPredictParams& p, int64_t n, const float* __restrict__ W,
+void AdamPredictCPU(const AdamPredictParams& p, int64_t begin, int64_t end,
+                    const float* __restrict__ W,
                     const float* __restrict__ W_prev, const float* __restrict__ grad,
                     float* __restrict__ M, float* __restrict__ V, float* __restrict__ own,
                     float* __restrict__ out) {
   const float b = p.one_minus_beta1, e = p.one_minus_beta2;
-#pragma omp parallel for simd if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) {
     float m = M[i], v = V[i];
     if (kAdvance != 0) {
       const float G = kAdvance == 2 ? Recover(p, (W_prev[i] - W[i]) / p.rate_prev, m, v, own[i])
@@ -177,8 +178,12 @@ MXReturnValue ForwardCPU(const Attrs& attrs, std::vector<MXTensor>* inputs,
   for (const int64_t d : in[2].shape) n *= d;
   const auto run = p.advance == 2 ? AdamPredictCPU<2>
                   : p.advance == 1 ? AdamPredictCPU<1> : AdamPredictCPU<0>;
-  run(p, n, in[0].data<float>(), in[1].data<float>(), in[2].data<float>(), in[3].data<float>(),
-      in[4].data<float>(), in[5].data<float>(), (*outputs)[0].data<float>());
+  // the library's one threading rule (op_common.h): MXNet's thread count, 32768+ per thread
+  ParallelFor(n, [&](int64_t begin, int64_t end) {
+    run(p, begin, end, in[0].data<float>(), in[1].data<float>(), in[2].data<float>(),
+        in[3].data<float>(), in[4].data<float>(), in[5].data<float>(),
+        (*outputs)[0].data<float>());
+  });
   return MX_SUCCESS;
 }
 
